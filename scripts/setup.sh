@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh machine. Idempotent and quick when warm.
+#  - npm dependencies, including Node.js 24 from the npm registry (node_modules/.bin/node)
+#  - Debian's docker-registry (CNCF distribution 2.8), the OCI registry of the tests
+#  - kube-apiserver, etcd and kubectl built from the Go module proxy (cached outside the repo)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+say() { echo "setup: $*" >&2; }
+if [ ! -x node_modules/.bin/node ] || ! cmp -s package-lock.json node_modules/.package-lock.json 2>/dev/null; then
+  say "installing npm dependencies (Node.js 24 comes from the npm registry)"
+  npm ci --no-audit --no-fund >&2
+fi
+v="$(node_modules/.bin/node --version)"
+case "$v" in v24.*) ;; *) say "node_modules/.bin/node is $v, expected v24"; exit 1 ;; esac
+if ! command -v docker-registry >/dev/null; then
+  say "installing Debian's docker-registry"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry) >&2
+  else
+    say "docker-registry is missing: run 'sudo apt-get install docker-registry'"; exit 1
+  fi
+fi
+command -v openssl >/dev/null || { say "openssl is required (apt-get install openssl)"; exit 1; }
+bash scripts/testbin.sh >/dev/null

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The one test command: installs what is missing, then runs types, lint, unit tests and
+# integration tests (against a real kube-apiserver + etcd, the cocoon simulator and
+# Debian's docker-registry). Usage: npm test [-- <test file or glob> ...]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+bash scripts/setup.sh
+export PATH="$root/node_modules/.bin:$PATH"
+node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
+echo "kubernetes: $(head -1 "$(bash scripts/testbin.sh 2>/dev/null)/VERSION")"
+if [ $# -gt 0 ]; then
+  exec node test/ground/run-tests.ts "$@"
+fi
+echo "== typecheck"; tsc --noEmit -p .
+echo "== lint"; biome check --reporter=summary .
+exec node test/ground/run-tests.ts
