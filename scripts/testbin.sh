@@ -17,6 +17,7 @@ if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/etcd" ] && [ -x "$cache/kubect
 fi
 command -v go >/dev/null || { echo "testbin: Go 1.26+ is required to build the test control plane (no 'go' on PATH)" >&2; exit 1; }
 minor="${ver#v1.}"; minor="${minor%%.*}"
+rm -rf "$(dirname "$cache")"/.build-* 2>/dev/null || true
 tmp="$(mktemp -d "$(dirname "$cache")/.build-XXXXXX" 2>/dev/null || { mkdir -p "$(dirname "$cache")"; mktemp -d "$(dirname "$cache")/.build-XXXXXX"; })"
 trap 'rm -rf "$tmp"' EXIT
 cd "$mod"
@@ -39,7 +40,7 @@ kill $ticker 2>/dev/null || true
 {
   "$tmp/kube-apiserver" --version
   echo "etcd $("$tmp/etcd" --version | sed -n 's/^etcd Version: //p')"
-  "$tmp/kubectl" version --client 2>/dev/null | head -1
+  "$tmp/kubectl" version --client 2>/dev/null | sed -n 1p
 } > "$tmp/VERSION"
 rm -rf "$cache"; mv "$tmp" "$cache"; trap - EXIT
 step "done: $(tr '\n' ' ' < "$cache/VERSION")"

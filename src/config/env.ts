@@ -1,0 +1,275 @@
+// Configuration from environment variables (virtual-node.md §9), compatible with the Go
+// implementation's variable names and defaults. Unlike the Go implementation, every value
+// is validated at startup and a bad one stops startup with an error naming the variable
+// and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
+// deployment unit should fail loudly, not silently fall back to a default).
+import { isIPv4 } from 'node:net';
+
+export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
+export type RestoreMode = 'copy' | 'ondemand' | 'mmap';
+export type KubeletAuthMode = 'webhook' | 'none';
+export type LogLevel = 'trace' | 'debug' | 'info' | 'warn' | 'error' | 'fatal';
+
+export interface Config {
+  kubeconfig: string | undefined;
+  nodeName: string;
+  nodeIP: string | undefined;
+  nodePool: string;
+  providerID: string | undefined;
+  logLevel: LogLevel;
+  ociRegistry: string | undefined;
+  registryPlainHttp: boolean;
+  googleApplicationCredentials: string | undefined;
+  leasesPath: string;
+  /** Empty string disables lease release over the control socket. */
+  netControlSocket: string;
+  cocoonBin: string;
+  cocoonRootDir: string;
+  cgroupParent: string;
+  orphanPolicy: OrphanPolicy;
+  restoreMode: RestoreMode;
+  tlsCert: string;
+  tlsKey: string;
+  tlsClientCA: string | undefined;
+  kubeletPort: number;
+  kubeletAuth: KubeletAuthMode;
+  /** `host:port` or `:port`; empty disables the metrics listener. */
+  metricsAddr: string;
+  reservePercent: number;
+  nodeCpu: string | undefined;
+  nodeMem: string | undefined;
+  nodeStorage: string | undefined;
+  nodeHugepages: string | undefined;
+  nodePods: number;
+  readyDeadlineSeconds: number;
+  reconcileIntervalSeconds: number;
+  streamIdleTimeoutSeconds: number;
+  kubeQps: number;
+  kubeBurst: number;
+  snapshotTransferConcurrency: number;
+  snapshotMemoryBudgetMiB: number;
+  snapshotPullBudgetMiB: number;
+  snapshotZstdLevel: number;
+  snapshotChunkSizeMiB: number;
+  snapshotCpuClass: string | undefined;
+  /** Later-tier variables that were set: accepted and ignored, logged once at startup. */
+  ignoredLaterTier: string[];
+}
+
+/** One row of the configuration table; drives parsing, `--help` and the README table. */
+export interface EnvVarDoc {
+  name: string;
+  default: string;
+  meaning: string;
+}
+
+export const ENV_DOCS: readonly EnvVarDoc[] = [
+  { name: 'KUBECONFIG', default: '(in-cluster)', meaning: 'kubeconfig file of the provider identity; else ~/.kube/config, else in-cluster' },
+  { name: 'VK_NODE_NAME', default: 'cocoon-pool', meaning: 'virtual node name (DNS subdomain); also the cocoon-net pool node name' },
+  { name: 'VK_NODE_IP', default: '(first non-loopback IPv4)', meaning: 'node InternalIP advertised to the apiserver' },
+  { name: 'VK_NODE_POOL', default: 'default', meaning: 'value of the cocoonstack.io/pool node label' },
+  { name: 'VK_PROVIDER_ID', default: '(unset)', meaning: 'spec.providerID of the node' },
+  { name: 'VK_LOG_LEVEL', default: 'info', meaning: 'trace, debug, info, warn, error or fatal' },
+  { name: 'OCI_REGISTRY', default: '(unset)', meaning: 'snapshot registry base host[:port][/path]; unset disables clone-source pulls' },
+  { name: 'VK_REGISTRY_PLAIN_HTTP', default: 'false', meaning: 'plain HTTP to the registry (tests only; loopback is always plain)' },
+  { name: 'GOOGLE_APPLICATION_CREDENTIALS', default: '(unset)', meaning: 'service-account key for registry pushes' },
+  { name: 'VK_LEASES_PATH', default: '/var/lib/cocoon/net/leases.json', meaning: 'cocoon-net DHCP lease file' },
+  { name: 'VK_COCOON_NET_CONTROL_SOCKET', default: '/run/cocoon-net/control.sock', meaning: 'cocoon-net lease release socket; empty disables' },
+  { name: 'VK_COCOON_BIN', default: '/usr/local/bin/cocoon', meaning: 'the cocoon CLI' },
+  { name: 'COCOON_ROOT_DIR', default: '/var/lib/cocoon', meaning: 'cocoon data dir (run dirs, storage capacity)' },
+  { name: 'COCOON_CGROUP_PARENT', default: 'cocoon.slice', meaning: 'cgroup parent of the per-VM scopes' },
+  { name: 'VK_ORPHAN_POLICY', default: 'destroy', meaning: 'VMs no pod claims at startup: destroy, alert or keep' },
+  { name: 'VK_RESTORE_MODE', default: 'ondemand', meaning: 'CH clone memory restore: copy, ondemand or mmap (Windows always copy)' },
+  { name: 'VK_TLS_CERT', default: '/etc/cocoon/vk/tls/vk-kubelet.crt', meaning: 'kubelet API serving certificate (self-signed when missing)' },
+  { name: 'VK_TLS_KEY', default: '/etc/cocoon/vk/tls/vk-kubelet.key', meaning: 'kubelet API serving key' },
+  { name: 'VK_TLS_CLIENT_CA', default: '(cluster CA)', meaning: 'CA bundle that verifies client certificates (the apiserver kubelet client)' },
+  { name: 'VK_KUBELET_PORT', default: '10250', meaning: 'kubelet API port, advertised in daemonEndpoints' },
+  { name: 'VK_KUBELET_AUTH', default: 'webhook', meaning: 'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only)' },
+  { name: 'VK_METRICS_ADDR', default: ':9091', meaning: 'Prometheus /metrics listener host:port; empty disables' },
+  { name: 'VK_RESERVE_PERCENT', default: '20', meaning: 'share of capacity withheld from allocatable (0-100)' },
+  { name: 'VK_NODE_CPU', default: '(host cores)', meaning: 'CPU capacity override (quantity)' },
+  { name: 'VK_NODE_MEM', default: '(MemTotal)', meaning: 'memory capacity override (quantity)' },
+  { name: 'VK_NODE_STORAGE', default: '(statfs of COCOON_ROOT_DIR)', meaning: 'ephemeral-storage capacity override (quantity)' },
+  { name: 'VK_NODE_HUGEPAGES', default: '(host)', meaning: 'hugepages capacity override (quantity)' },
+  { name: 'VK_NODE_PODS', default: '256', meaning: 'pod capacity' },
+  { name: 'VK_READY_DEADLINE_SECONDS', default: '600', meaning: 'longest a managed pod with a live VM may stay creating (>= 480)' },
+  { name: 'VK_RECONCILE_INTERVAL_SECONDS', default: '15', meaning: 'lifecycle tick: readiness reconcile and re-flush (1-60)' },
+  { name: 'VK_STREAM_IDLE_TIMEOUT_SECONDS', default: '14400', meaning: 'exec/log stream idle timeout' },
+  { name: 'VK_KUBE_QPS', default: '20', meaning: 'client-side API write rate limit (requests/s)' },
+  { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side API write burst' },
+  { name: 'SNAPSHOT_TRANSFER_CONCURRENCY', default: '8', meaning: 'parallel registry blob transfers' },
+  { name: 'SNAPSHOT_MEMORY_BUDGET_MIB', default: '9216', meaning: 'push buffering cap' },
+  { name: 'SNAPSHOT_PULL_BUDGET_MIB', default: '2048', meaning: 'pull buffering cap' },
+  { name: 'SNAPSHOT_ZSTD_LEVEL', default: '0', meaning: 'v2 snapshot writer (later tier; 0 keeps v1)' },
+  { name: 'SNAPSHOT_CHUNK_SIZE_MIB', default: '0', meaning: 'v2 snapshot chunking (later tier; 0 keeps v1)' },
+  { name: 'VK_SNAPSHOT_CPU_CLASS', default: '(unset)', meaning: 'later tier: snapshot CPU class label value' },
+  { name: 'VK_COCOON_MACOS_BIN', default: '/usr/local/bin/cocoon-macos', meaning: 'later tier: accepted and ignored' },
+  { name: 'COCOON_MACOS_VNC_PASSWORD', default: '(unset)', meaning: 'later tier: accepted and ignored' },
+  { name: 'VK_STAGING_DIR', default: '/var/lib/cocoon/vk-staging', meaning: 'later tier: accepted and ignored' },
+  { name: 'VK_PEER_ADDR', default: ':12501', meaning: 'later tier: accepted and ignored' },
+  { name: 'VK_COCOON_SNAPSHOT_DIR', default: '/var/lib/cocoon/snapshot/localfile', meaning: 'later tier: accepted and ignored' },
+];
+
+const LATER_TIER = [
+  'VK_COCOON_MACOS_BIN',
+  'COCOON_MACOS_VNC_PASSWORD',
+  'VK_STAGING_DIR',
+  'VK_PEER_ADDR',
+  'VK_COCOON_SNAPSHOT_DIR',
+  'SNAPSHOT_ZSTD_LEVEL',
+  'SNAPSHOT_CHUNK_SIZE_MIB',
+  'VK_SNAPSHOT_CPU_CLASS',
+] as const;
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
+const QUANTITY = /^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+)?$/;
+const REGISTRY = /^[A-Za-z0-9.-]+(:[0-9]{1,5})?(\/[a-z0-9]+([._-][a-z0-9]+)*)*$/;
+
+/** Parses and validates the environment; throws ConfigError listing every bad variable. */
+export function loadConfig(env: NodeJS.ProcessEnv): Config {
+  const problems: string[] = [];
+  const get = (name: string): string | undefined => {
+    const v = env[name];
+    return v === undefined ? undefined : v.trim();
+  };
+  const str = (name: string, def: string): string => {
+    const v = get(name);
+    return v === undefined || v === '' ? def : v;
+  };
+  const optional = (name: string): string | undefined => {
+    const v = get(name);
+    return v === undefined || v === '' ? undefined : v;
+  };
+  const oneOf = <T extends string>(name: string, def: T, allowed: readonly T[]): T => {
+    const v = get(name);
+    if (v === undefined || v === '') return def;
+    const lower = v.toLowerCase();
+    if ((allowed as readonly string[]).includes(lower)) return lower as T;
+    problems.push(`${name}=${JSON.stringify(v)}: expected one of ${allowed.join(', ')}`);
+    return def;
+  };
+  const int = (name: string, def: number, min: number, max: number): number => {
+    const v = get(name);
+    if (v === undefined || v === '') return def;
+    if (!/^[0-9]+$/.test(v) || Number(v) < min || Number(v) > max) {
+      problems.push(`${name}=${JSON.stringify(v)}: expected an integer from ${min} to ${max}`);
+      return def;
+    }
+    return Number(v);
+  };
+  const bool = (name: string, def: boolean): boolean => {
+    const v = get(name);
+    if (v === undefined || v === '') return def;
+    if (v === 'true' || v === '1') return true;
+    if (v === 'false' || v === '0') return false;
+    problems.push(`${name}=${JSON.stringify(v)}: expected true or false`);
+    return def;
+  };
+  const quantity = (name: string): string | undefined => {
+    const v = optional(name);
+    if (v !== undefined && !QUANTITY.test(v)) {
+      problems.push(`${name}=${JSON.stringify(v)}: expected a Kubernetes quantity such as 32, 64Gi or 1Ti`);
+      return undefined;
+    }
+    return v;
+  };
+
+  const nodeName = str('VK_NODE_NAME', 'cocoon-pool');
+  if (nodeName.length > 253 || !DNS_SUBDOMAIN.test(nodeName)) {
+    problems.push(`VK_NODE_NAME=${JSON.stringify(nodeName)}: expected a DNS subdomain (lower-case letters, digits, '-', '.')`);
+  }
+  const nodeIP = optional('VK_NODE_IP');
+  if (nodeIP !== undefined && !isIPv4(nodeIP)) {
+    problems.push(`VK_NODE_IP=${JSON.stringify(nodeIP)}: expected an IPv4 address`);
+  }
+  const nodePool = str('VK_NODE_POOL', 'default');
+  if (nodePool.length > 63 || !LABEL_VALUE.test(nodePool)) {
+    problems.push(`VK_NODE_POOL=${JSON.stringify(nodePool)}: expected a label value (<= 63 of [A-Za-z0-9-_.])`);
+  }
+  const snapshotCpuClass = optional('VK_SNAPSHOT_CPU_CLASS');
+  if (snapshotCpuClass !== undefined && (snapshotCpuClass.length > 63 || !LABEL_VALUE.test(snapshotCpuClass))) {
+    problems.push(`VK_SNAPSHOT_CPU_CLASS=${JSON.stringify(snapshotCpuClass)}: expected a label value`);
+  }
+  const ociRegistry = optional('OCI_REGISTRY')?.replace(/\/+$/, '');
+  if (ociRegistry !== undefined && !REGISTRY.test(ociRegistry.replace(/^https?:\/\//, ''))) {
+    problems.push(`OCI_REGISTRY=${JSON.stringify(ociRegistry)}: expected host[:port][/path], e.g. europe-docker.pkg.dev/acme/cocoon`);
+  }
+  const metricsAddr = get('VK_METRICS_ADDR') ?? ':9091';
+  if (metricsAddr !== '' && !/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$/.test(metricsAddr)) {
+    problems.push(`VK_METRICS_ADDR=${JSON.stringify(metricsAddr)}: expected host:port or :port (empty disables)`);
+  }
+  const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
+  const kubeQps = int('VK_KUBE_QPS', 20, 1, 10_000);
+  const kubeBurst = int('VK_KUBE_BURST', 40, 1, 10_000);
+  if (kubeBurst < kubeQps) problems.push(`VK_KUBE_BURST=${kubeBurst}: expected at least VK_KUBE_QPS (${kubeQps})`);
+
+  const config: Config = {
+    kubeconfig: optional('KUBECONFIG'),
+    nodeName,
+    nodeIP,
+    nodePool,
+    providerID: optional('VK_PROVIDER_ID'),
+    logLevel: oneOf<LogLevel>('VK_LOG_LEVEL', 'info', ['trace', 'debug', 'info', 'warn', 'error', 'fatal']),
+    ociRegistry,
+    registryPlainHttp: bool('VK_REGISTRY_PLAIN_HTTP', false),
+    googleApplicationCredentials: optional('GOOGLE_APPLICATION_CREDENTIALS'),
+    leasesPath: str('VK_LEASES_PATH', '/var/lib/cocoon/net/leases.json'),
+    // Unset means the default socket; an explicitly empty value disables release.
+    netControlSocket: get('VK_COCOON_NET_CONTROL_SOCKET') ?? '/run/cocoon-net/control.sock',
+    cocoonBin: str('VK_COCOON_BIN', '/usr/local/bin/cocoon'),
+    cocoonRootDir: str('COCOON_ROOT_DIR', '/var/lib/cocoon'),
+    cgroupParent: str('COCOON_CGROUP_PARENT', 'cocoon.slice'),
+    orphanPolicy: oneOf<OrphanPolicy>('VK_ORPHAN_POLICY', 'destroy', ['destroy', 'alert', 'keep']),
+    restoreMode: oneOf<RestoreMode>('VK_RESTORE_MODE', 'ondemand', ['copy', 'ondemand', 'mmap']),
+    tlsCert: str('VK_TLS_CERT', '/etc/cocoon/vk/tls/vk-kubelet.crt'),
+    tlsKey: str('VK_TLS_KEY', '/etc/cocoon/vk/tls/vk-kubelet.key'),
+    tlsClientCA: optional('VK_TLS_CLIENT_CA'),
+    kubeletPort: int('VK_KUBELET_PORT', 10250, 1, 65535),
+    kubeletAuth: oneOf<KubeletAuthMode>('VK_KUBELET_AUTH', 'webhook', ['webhook', 'none']),
+    metricsAddr,
+    reservePercent: int('VK_RESERVE_PERCENT', 20, 0, 100),
+    nodeCpu: quantity('VK_NODE_CPU'),
+    nodeMem: quantity('VK_NODE_MEM'),
+    nodeStorage: quantity('VK_NODE_STORAGE'),
+    nodeHugepages: quantity('VK_NODE_HUGEPAGES'),
+    nodePods: int('VK_NODE_PODS', 256, 1, 1_000_000),
+    readyDeadlineSeconds,
+    reconcileIntervalSeconds: int('VK_RECONCILE_INTERVAL_SECONDS', 15, 1, 60),
+    streamIdleTimeoutSeconds: int('VK_STREAM_IDLE_TIMEOUT_SECONDS', 14_400, 1, 604_800),
+    kubeQps,
+    kubeBurst,
+    snapshotTransferConcurrency: int('SNAPSHOT_TRANSFER_CONCURRENCY', 8, 1, 256),
+    snapshotMemoryBudgetMiB: int('SNAPSHOT_MEMORY_BUDGET_MIB', 9216, 64, 1_048_576),
+    snapshotPullBudgetMiB: int('SNAPSHOT_PULL_BUDGET_MIB', 2048, 64, 1_048_576),
+    snapshotZstdLevel: int('SNAPSHOT_ZSTD_LEVEL', 0, 0, 22),
+    snapshotChunkSizeMiB: int('SNAPSHOT_CHUNK_SIZE_MIB', 0, 0, 65_536),
+    snapshotCpuClass,
+    ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
+  };
+  if (problems.length > 0) {
+    throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
+  }
+  return config;
+}
+
+/** `vk-cocoon --help` text, generated from the same table as the parser. */
+export function helpText(): string {
+  const width = Math.max(...ENV_DOCS.map((d) => d.name.length));
+  const rows = ENV_DOCS.map((d) => `  ${d.name.padEnd(width)}  ${d.meaning} [default: ${d.default}]`);
+  return [
+    'vk-cocoon: a Virtual Kubelet that turns pods into Cocoon microVMs.',
+    '',
+    'Usage: vk-cocoon [run]       start the daemon (configured by the environment below)',
+    '       vk-cocoon --help      this text',
+    '       vk-cocoon --version   print the version',
+    '',
+    'Environment:',
+    ...rows,
+    '',
+  ].join('\n');
+}

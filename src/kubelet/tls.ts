@@ -1,0 +1,58 @@
+// The kubelet API serving certificate (virtual-node.md §8.1): VK_TLS_CERT/VK_TLS_KEY when
+// readable and unexpired, else a self-signed ECDSA P-256 certificate (10 years) with SANs
+// for the node name, localhost, the node IP and 127.0.0.1, kept in memory.
+import 'reflect-metadata'; // @peculiar/x509 (through tsyringe) needs the Reflect polyfill first
+import { webcrypto, X509Certificate } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import * as x509 from '@peculiar/x509';
+
+x509.cryptoProvider.set(webcrypto as never);
+
+export interface ServingCert {
+  cert: string;
+  key: string;
+  selfSigned: boolean;
+  /** Why the configured pair was not used (for the startup log). */
+  reason?: string;
+}
+
+export async function loadOrCreateServingCert(
+  certPath: string,
+  keyPath: string,
+  sans: { dns: string[]; ips: string[] },
+  now = new Date(),
+): Promise<ServingCert> {
+  let reason: string;
+  try {
+    const cert = readFileSync(certPath, 'utf8');
+    const key = readFileSync(keyPath, 'utf8');
+    const parsed = new X509Certificate(cert);
+    if (new Date(parsed.validTo) <= now) reason = `certificate ${certPath} expired on ${parsed.validTo}`;
+    else return { cert, key, selfSigned: false };
+  } catch (err) {
+    reason = `cannot use ${certPath}/${keyPath}: ${(err as Error).message}`;
+  }
+  const alg = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' };
+  const keys = (await webcrypto.subtle.generateKey(alg, true, ["sign", "verify"])) as webcrypto.CryptoKeyPair;
+  const names = [
+    ...sans.dns.map((value) => ({ type: 'dns' as const, value })),
+    ...sans.ips.map((value) => ({ type: 'ip' as const, value })),
+  ];
+  const cert = await x509.X509CertificateGenerator.createSelfSigned({
+    serialNumber: Date.now().toString(16),
+    name: `CN=${sans.dns[0] ?? 'vk-cocoon'}`,
+    notBefore: new Date(now.getTime() - 60_000),
+    notAfter: new Date(now.getTime() + 3650 * 86_400_000),
+    keys,
+    signingAlgorithm: alg,
+    extensions: [
+      new x509.BasicConstraintsExtension(false, undefined, true),
+      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature | x509.KeyUsageFlags.keyEncipherment, true),
+      new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
+      new x509.SubjectAlternativeNameExtension(names),
+    ],
+  });
+  const pkcs8 = await webcrypto.subtle.exportKey('pkcs8', keys.privateKey);
+  const key = `-----BEGIN PRIVATE KEY-----\n${Buffer.from(pkcs8).toString('base64').replace(/(.{64})/g, '$1\n').trimEnd()}\n-----END PRIVATE KEY-----\n`;
+  return { cert: cert.toString('pem'), key, selfSigned: true, reason };
+}

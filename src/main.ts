@@ -1,0 +1,116 @@
+// vk-cocoon entry point: `vk-cocoon [run]`, `--help`, `--version`.
+// Start order (virtual-node.md §1): configuration → client → serving certificate →
+// provider (startup reconcile) → pod watch → node + Lease → kubelet API. SIGTERM/SIGINT stop
+// taking work, close listeners, abort background jobs and exit 0; nothing is written to
+// pods on shutdown (the next process re-derives everything).
+import { readFileSync } from 'node:fs';
+import { CocoonCli } from './cocoon/runner.ts';
+import { ConfigError, helpText, loadConfig } from './config/env.ts';
+import { KubeletAuthorizer } from './kubelet/auth.ts';
+import { KubeletServer } from './kubelet/server.ts';
+import { loadOrCreateServingCert } from './kubelet/tls.ts';
+import { Kube, loadKubeConfig } from './kube/client.ts';
+import { EventRecorder } from './kube/events.ts';
+import { createLogger } from './log.ts';
+import { NodeAgent } from './node/heartbeat.ts';
+import { probeHost } from './node/host.ts';
+import { PodController } from './pods/controller.ts';
+import { MinimalProvider } from './provider/minimal.ts';
+import { VERSION } from './version.ts';
+
+async function main(argv: string[]): Promise<number> {
+  const cmd = argv[0] ?? 'run';
+  if (cmd === '--help' || cmd === '-h' || cmd === 'help') {
+    process.stdout.write(helpText());
+    return 0;
+  }
+  if (cmd === '--version' || cmd === 'version') {
+    process.stdout.write(`${VERSION}\n`);
+    return 0;
+  }
+  if (cmd !== 'run') {
+    process.stderr.write(`vk-cocoon: unknown command ${JSON.stringify(cmd)}\n\n${helpText()}`);
+    return 2;
+  }
+
+  let config: ReturnType<typeof loadConfig>;
+  try {
+    config = loadConfig(process.env);
+  } catch (err) {
+    if (err instanceof ConfigError) {
+      process.stderr.write(`vk-cocoon: ${err.message}\n`);
+      return 2;
+    }
+    throw err;
+  }
+  const log = createLogger(config.logLevel);
+  log.info({ version: VERSION, node: config.nodeName }, 'starting vk-cocoon');
+  for (const name of config.ignoredLaterTier) log.info({ variable: name }, 'setting belongs to a later tier; accepted and ignored');
+
+  const lifetime = new AbortController();
+  const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst);
+  const host = probeHost(config.cocoonRootDir);
+  const nodeIP = config.nodeIP ?? host.firstIPv4 ?? '127.0.0.1';
+
+  const serving = await loadOrCreateServingCert(config.tlsCert, config.tlsKey, {
+    dns: [config.nodeName, 'localhost'],
+    ips: [...new Set([nodeIP, '127.0.0.1'])],
+  });
+  if (serving.selfSigned) log.warn({ reason: serving.reason }, 'serving the kubelet API with a self-signed certificate');
+  const clientCa = config.tlsClientCA ? readFileSync(config.tlsClientCA, 'utf8') : kube.clusterCaPem();
+  if (config.kubeletAuth === 'none') log.warn('VK_KUBELET_AUTH=none: the kubelet API accepts any client (tests only)');
+
+  const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log);
+  const provider = new MinimalProvider(cli, nodeIP, log);
+  const events = new EventRecorder(kube, config.nodeName, log);
+  const controller = new PodController({ kube, nodeName: config.nodeName, provider, events, log });
+  await controller.start();
+
+  const agent = new NodeAgent({
+    kube,
+    health: provider,
+    log,
+    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: true },
+  });
+  await agent.register();
+  agent.start();
+
+  const authorizer = new KubeletAuthorizer(kube, config.nodeName);
+  const server = new KubeletServer({
+    port: config.kubeletPort,
+    cert: serving.cert,
+    key: serving.key,
+    clientCa,
+    authorize: config.kubeletAuth === 'none' ? undefined : (req) => authorizer.decide(req),
+    provider,
+    nodePods: () => controller.list(),
+    runningPods: () => provider.getPods(),
+    streamIdleTimeoutMs: config.streamIdleTimeoutSeconds * 1000,
+    log,
+  });
+  await server.listen();
+  log.info({ port: server.port, nodeIP }, 'kubelet API listening; node ready');
+
+  await new Promise<void>((resolve) => {
+    const stop = (signal: string) => {
+      log.info({ signal }, 'shutting down');
+      resolve();
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+  agent.stop();
+  const closing = Promise.allSettled([controller.stop(), server.close()]);
+  lifetime.abort();
+  await Promise.race([closing, new Promise((r) => setTimeout(r, 10_000).unref())]);
+  log.info('stopped');
+  return 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => process.exit(code),
+  (err: unknown) => {
+    process.stderr.write(`vk-cocoon: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,154 @@
+// The desired Node object (virtual-node.md §2). Pure: built from configuration and host
+// facts, unit-tested; the heartbeat writes it.
+import type { V1Node, V1NodeCondition } from '@kubernetes/client-node';
+import type { Config } from '../config/env.ts';
+import { parseQuantity, quantityMilliValue, quantityValue } from '../vmspec/quantity.ts';
+import type { HostFacts } from './host.ts';
+
+export const PROVIDER_TAINT_KEY = 'virtual-kubelet.io/provider';
+export const DECLARED_FEATURES = ['ExtendWebSocketsToKubelet'];
+
+export interface NodeFacts {
+  config: Pick<
+    Config,
+    | 'nodeName'
+    | 'nodePool'
+    | 'providerID'
+    | 'kubeletPort'
+    | 'reservePercent'
+    | 'nodeCpu'
+    | 'nodeMem'
+    | 'nodeStorage'
+    | 'nodeHugepages'
+    | 'nodePods'
+    | 'snapshotCpuClass'
+  >;
+  host: HostFacts;
+  nodeIP: string;
+  version: string;
+  /** WebSocket exec passes the exec suite: declare ExtendWebSocketsToKubelet (§7.2). */
+  declareWebSockets: boolean;
+}
+
+export function nodeLabels(f: NodeFacts): Record<string, string> {
+  const labels: Record<string, string> = {
+    type: 'virtual-kubelet',
+    'kubernetes.io/role': 'agent',
+    'kubernetes.io/hostname': f.config.nodeName,
+    'kubernetes.io/os': 'linux',
+    'kubernetes.io/arch': 'amd64',
+    'cocoonstack.io/pool': f.config.nodePool,
+    'node-role.kubernetes.io/cocoon-vm': '',
+  };
+  if (f.config.snapshotCpuClass) labels['cocoonstack.io/snapshot-cpu-class'] = f.config.snapshotCpuClass;
+  return labels;
+}
+
+function bytesOrOverride(override: string | undefined, probed: bigint): bigint {
+  if (override) {
+    const q = parseQuantity(override);
+    if (q && !q.negative) return quantityValue(q);
+  }
+  return probed;
+}
+
+function reduce(value: bigint, reservePercent: number): bigint {
+  return (value * BigInt(100 - reservePercent)) / 100n;
+}
+
+export interface Resources {
+  capacity: Record<string, string>;
+  allocatable: Record<string, string>;
+}
+
+/** Capacity from the host (or overrides); allocatable withholds VK_RESERVE_PERCENT of
+ * every resource except pods, and storage allocatable starts from statfs available. */
+export function nodeResources(f: NodeFacts): Resources {
+  const c = f.config;
+  const cpuMilli = (() => {
+    if (c.nodeCpu) {
+      const q = parseQuantity(c.nodeCpu);
+      if (q && !q.negative) return quantityMilliValue(q);
+    }
+    return BigInt(f.host.cpus) * 1000n;
+  })();
+  const mem = bytesOrOverride(c.nodeMem, f.host.memoryBytes);
+  const storage = bytesOrOverride(c.nodeStorage, f.host.storageTotalBytes);
+  const storageAvail = c.nodeStorage ? storage : f.host.storageAvailableBytes;
+  const capacity: Record<string, string> = {
+    cpu: cpuMilli % 1000n === 0n ? String(cpuMilli / 1000n) : `${cpuMilli}m`,
+    memory: String(mem),
+    'ephemeral-storage': String(storage),
+    pods: String(c.nodePods),
+  };
+  const allocatable: Record<string, string> = {
+    cpu: `${reduce(cpuMilli, c.reservePercent)}m`,
+    memory: String(reduce(mem, c.reservePercent)),
+    'ephemeral-storage': String(reduce(storageAvail, c.reservePercent)),
+    pods: String(c.nodePods),
+  };
+  if (f.host.hugepages) {
+    const hp = bytesOrOverride(c.nodeHugepages, f.host.hugepages.bytes);
+    capacity[f.host.hugepages.resource] = String(hp);
+    allocatable[f.host.hugepages.resource] = String(reduce(hp, c.reservePercent));
+  }
+  return { capacity, allocatable };
+}
+
+/** The provider-owned conditions, always sent in full (pitfall 19: never adopt values
+ * read back from the server). `lastTransitionTime` is kept from `previous` when the status
+ * did not change. */
+export function nodeConditions(now: Date, previous: V1NodeCondition[] | undefined): V1NodeCondition[] {
+  const want: [string, string, string, string][] = [
+    ['Ready', 'True', 'KubeletReady', 'kubelet is posting ready status'],
+    ['DiskPressure', 'False', 'KubeletHasNoDiskPressure', 'kubelet has no disk pressure'],
+    ['MemoryPressure', 'False', 'KubeletHasSufficientMemory', 'kubelet has sufficient memory available'],
+    ['PIDPressure', 'False', 'KubeletHasSufficientPID', 'kubelet has sufficient PID available'],
+    ['NetworkUnavailable', 'False', 'RouteCreated', 'RouteController created a route'],
+  ];
+  return want.map(([type, status, reason, message]) => {
+    const prev = previous?.find((c) => c.type === type);
+    const lastTransitionTime = prev && prev.status === status && prev.lastTransitionTime ? prev.lastTransitionTime : now;
+    return { type, status, reason, message, lastHeartbeatTime: now, lastTransitionTime };
+  });
+}
+
+export function desiredNode(f: NodeFacts, now: Date): V1Node {
+  return {
+    apiVersion: 'v1',
+    kind: 'Node',
+    metadata: { name: f.config.nodeName, labels: nodeLabels(f) },
+    spec: {
+      taints: [{ key: PROVIDER_TAINT_KEY, value: 'cocoon', effect: 'NoSchedule' }],
+      ...(f.config.providerID ? { providerID: f.config.providerID } : {}),
+    },
+    status: desiredNodeStatus(f, now, undefined),
+  };
+}
+
+export function desiredNodeStatus(f: NodeFacts, now: Date, previous: V1NodeCondition[] | undefined) {
+  const { capacity, allocatable } = nodeResources(f);
+  return {
+    conditions: nodeConditions(now, previous),
+    addresses: [
+      { type: 'InternalIP', address: f.nodeIP },
+      { type: 'Hostname', address: f.config.nodeName },
+    ],
+    daemonEndpoints: { kubeletEndpoint: { Port: f.config.kubeletPort } },
+    capacity,
+    allocatable,
+    nodeInfo: {
+      kubeletVersion: f.version,
+      kubeProxyVersion: '',
+      operatingSystem: 'linux',
+      architecture: 'amd64',
+      machineID: '',
+      systemUUID: '',
+      bootID: '',
+      kernelVersion: '',
+      osImage: '',
+      containerRuntimeVersion: `cocoon://${f.version}`,
+    },
+    ...(f.declareWebSockets ? { declaredFeatures: DECLARED_FEATURES } : {}),
+  };
+}

@@ -1,0 +1,467 @@
+// The pod controller: the framework half that watches this node's pods and calls the
+// provider (virtual-node.md §4–§6). It is level-triggered: every sync re-reads the pod
+// from the watch cache and the provider's copy and decides from those, never from what an
+// earlier callback remembered. Per key, at most one sync runs; a newer event never
+// cancels a sync in flight, it only schedules one more run.
+import {
+  ListWatch,
+  type V1ConfigMap,
+  type V1Pod,
+  type V1PodList,
+  type V1PodStatus,
+  type V1Secret,
+  Watch,
+} from '@kubernetes/client-node';
+import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
+import type { EventSink } from '../kube/events.ts';
+import type { Logger } from '../log.ts';
+import { NotFoundError, type PodProvider } from '../provider/types.ts';
+import { WorkQueue } from '../util/work-queue.ts';
+import { type Dependency, type EnvSources, resolvePodEnv } from './env.ts';
+import { handledFingerprint, providerRelevant } from './fingerprint.ts';
+import { buildStatusPatch, statusSignature } from './status-patch.ts';
+
+export interface PodControllerOptions {
+  kube: Kube;
+  nodeName: string;
+  provider: PodProvider;
+  events: EventSink;
+  log: Logger;
+  /** Concurrent syncs of different pods. */
+  workers?: number;
+  resyncMs?: number;
+}
+
+export function podKey(namespace: string, name: string): string {
+  return `${namespace}/${name}`;
+}
+
+function keyOf(pod: V1Pod): string {
+  return podKey(pod.metadata?.namespace ?? '', pod.metadata?.name ?? '');
+}
+
+function splitKey(key: string): [string, string] {
+  const i = key.indexOf('/');
+  return [key.slice(0, i), key.slice(i + 1)];
+}
+
+function isTerminalPhase(phase: string | undefined): boolean {
+  return phase === 'Succeeded' || phase === 'Failed';
+}
+
+function depKey(d: Dependency): string {
+  return `${d.kind}/${d.namespace}/${d.name}`;
+}
+
+export class PodController {
+  readonly #o: Required<PodControllerOptions>;
+  readonly #log: Logger;
+  readonly #informer: ListWatch<V1Pod>;
+  readonly #queue: WorkQueue;
+  readonly #statusQueue: WorkQueue;
+  /** Fingerprint of the pod version the last successful sync handled, per key. */
+  readonly #handled = new Map<string, string>();
+  /** Latest status the provider published, not yet written, per key. */
+  readonly #pendingStatus = new Map<string, V1Pod>();
+  /** Last status written per key (uid + JSON), for de-duplication. */
+  readonly #written = new Map<string, { uid: string; json: string; signature: string }>();
+  /** Pods held back by a missing mandatory ConfigMap/Secret: dependency → pod keys. */
+  readonly #blocked = new Map<string, Set<string>>();
+  readonly #depWatches = new Map<string, ListWatch<V1ConfigMap | V1Secret>>();
+  #resyncTimer: NodeJS.Timeout | undefined;
+  #informerRestart: NodeJS.Timeout | undefined;
+  #stopped = false;
+  #synced = false;
+
+  constructor(opts: PodControllerOptions) {
+    this.#o = { workers: 64, resyncMs: 60_000, ...opts };
+    this.#log = opts.log.child({ module: 'pod-controller' });
+    const fieldSelector = `spec.nodeName=${opts.nodeName}`;
+    const list = () => opts.kube.core.listPodForAllNamespaces({ fieldSelector }) as Promise<V1PodList>;
+    this.#informer = new ListWatch<V1Pod>('/api/v1/pods', new Watch(opts.kube.kc), list, false, undefined, fieldSelector);
+    const enqueue = (pod: V1Pod) => {
+      const key = keyOf(pod);
+      this.#queue.add(key);
+      if (this.#pendingStatus.has(key)) this.#statusQueue.add(key);
+    };
+    this.#informer.on('add', enqueue);
+    this.#informer.on('update', enqueue);
+    this.#informer.on('delete', enqueue);
+    this.#informer.on('error', (err: unknown) => {
+      if (this.#stopped) return;
+      this.#log.warn({ err: apiErrorMessage(err) }, 'pod watch failed; relisting');
+      this.#informerRestart = setTimeout(() => void this.#startInformer(), 1000);
+    });
+    this.#queue = new WorkQueue((key) => this.#sync(key), { concurrency: this.#o.workers });
+    this.#queue.onError = (key, err, attempt) =>
+      this.#log.warn({ pod: key, attempt, err: errText(err) }, 'pod sync failed; retrying with backoff');
+    this.#statusQueue = new WorkQueue((key) => this.#writeStatus(key), { concurrency: 16, baseDelayMs: 200, maxDelayMs: 30_000 });
+    this.#statusQueue.onError = (key, err) => this.#log.warn({ pod: key, err: errText(err) }, 'status write failed; retrying');
+    opts.provider.notifyPods((pod) => this.#onProviderStatus(pod));
+  }
+
+  async #startInformer(): Promise<void> {
+    try {
+      await this.#informer.start();
+    } catch (err) {
+      if (this.#stopped) return;
+      this.#log.warn({ err: apiErrorMessage(err) }, 'pod list failed; retrying');
+      this.#informerRestart = setTimeout(() => void this.#startInformer(), 1000);
+    }
+  }
+
+  /** Lists pods, sweeps dangling provider pods, starts the workers and the resync timer. */
+  async start(): Promise<void> {
+    await this.#informer.start();
+    this.#synced = true;
+    // Dangling sweep (§4.5): the list is node-scoped, so only this node's pods count.
+    for (const pod of this.#o.provider.getPods()) {
+      const key = keyOf(pod);
+      if (this.cached(key)) continue;
+      this.#log.info({ pod: key }, 'provider pod is not on this node any more; deleting it in the provider');
+      this.#queue.add(key);
+    }
+    for (const pod of this.#informer.list()) this.#queue.add(keyOf(pod));
+    this.#resyncTimer = setInterval(() => this.#resync(), this.#o.resyncMs);
+    this.#resyncTimer.unref();
+  }
+
+  get synced(): boolean {
+    return this.#synced;
+  }
+
+  /** The pod from the watch cache. */
+  cached(key: string): V1Pod | undefined {
+    const [namespace, name] = splitKey(key);
+    return this.#informer.get(name, namespace);
+  }
+
+  /** Every pod of this node from the watch cache (kubelet `/pods`). */
+  list(): V1Pod[] {
+    return [...this.#informer.list()];
+  }
+
+  /** Re-drives a pod's sync (used by the provider and by dependency watches). */
+  enqueue(key: string): void {
+    this.#queue.add(key);
+  }
+
+  async stop(): Promise<void> {
+    this.#stopped = true;
+    clearInterval(this.#resyncTimer);
+    clearTimeout(this.#informerRestart);
+    this.#queue.stop();
+    this.#statusQueue.stop();
+    await this.#informer.stop().catch(() => {});
+    for (const w of this.#depWatches.values()) await w.stop().catch(() => {});
+  }
+
+  /** Resolves when no sync is queued or running (tests and shutdown). */
+  async idle(): Promise<void> {
+    await this.#queue.idle();
+    await this.#statusQueue.idle();
+  }
+
+  #resync(): void {
+    for (const pod of this.#informer.list()) {
+      const key = keyOf(pod);
+      this.#queue.add(key);
+      // Re-assert the provider's status when the API copy drifted (pitfall 4).
+      const [ns, name] = splitKey(key);
+      const want = this.#o.provider.getPodStatus(ns, name);
+      const tracked = this.#o.provider.getPod(ns, name);
+      if (!want || !tracked || tracked.metadata?.uid !== pod.metadata?.uid || isTerminalPhase(pod.status?.phase)) continue;
+      if (statusSignature(pod.status) !== statusSignature(want)) {
+        this.#written.delete(key);
+        this.#pendingStatus.set(key, { ...tracked, status: want });
+        this.#statusQueue.add(key);
+      }
+    }
+  }
+
+  // ---- sync -------------------------------------------------------------------------
+
+  async #sync(key: string): Promise<void> {
+    if (this.#stopped) return;
+    const [namespace, name] = splitKey(key);
+    const pod = this.cached(key);
+    const provider = this.#o.provider;
+    if (!pod) {
+      // Deleted from the API (§4.3 step 1): delete in the provider with its own copy.
+      const tracked = provider.getPod(namespace, name);
+      if (tracked) await this.#providerDelete(tracked);
+      this.#forget(key);
+      return;
+    }
+    if (pod.metadata?.deletionTimestamp) {
+      await this.#syncDeletion(key, pod);
+      return;
+    }
+    if (isTerminalPhase(pod.status?.phase)) return;
+    const fp = handledFingerprint(pod);
+    const tracked = provider.getPod(namespace, name);
+    if (tracked && tracked.metadata?.uid === pod.metadata?.uid && this.#handled.get(key) === fp) return;
+
+    const resolution = await resolvePodEnv(pod, this.#envSources());
+    for (const ev of resolution.events) this.#o.events.event(pod, ev.type, ev.reason, ev.message);
+    this.#unblock(key);
+    if (resolution.blockedOn.length > 0) {
+      for (const dep of resolution.blockedOn) this.#block(key, dep);
+      this.#log.info({ pod: key, blockedOn: resolution.blockedOn.map(depKey) }, 'pod waits for a mandatory ConfigMap/Secret');
+      return;
+    }
+
+    if (!tracked) {
+      try {
+        await provider.createPod(pod);
+      } catch (err) {
+        await this.#reportCreateFailure(pod, err);
+        throw err;
+      }
+      this.#o.events.event(pod, 'Normal', 'ProviderCreateSuccess', 'Create pod in provider successfully');
+    } else if (tracked.metadata?.uid !== pod.metadata?.uid || providerRelevant(tracked) !== providerRelevant(pod)) {
+      try {
+        await provider.updatePod(pod);
+      } catch (err) {
+        this.#o.events.event(pod, 'Warning', 'ProviderUpdateFailed', errText(err));
+        throw err;
+      }
+    }
+    this.#handled.set(key, fp);
+  }
+
+  async #syncDeletion(key: string, pod: V1Pod): Promise<void> {
+    const [namespace, name] = splitKey(key);
+    const tracked = this.#o.provider.getPod(namespace, name);
+    if (tracked) {
+      // Every tracked pod goes through DeletePod, even with no container running: the
+      // Go framework's shortcut here can leak a VM that is still booting (§4.3).
+      try {
+        await this.#providerDelete(pod);
+      } catch (err) {
+        this.#o.events.event(pod, 'Warning', 'ProviderDeleteFailed', errText(err));
+        throw err;
+      }
+      await this.#writeTerminalStatus(pod);
+    }
+    await this.#forceDelete(pod);
+    this.#forget(key);
+  }
+
+  async #providerDelete(pod: V1Pod): Promise<void> {
+    try {
+      await this.#o.provider.deletePod(pod);
+    } catch (err) {
+      if (err instanceof NotFoundError) return;
+      throw err;
+    }
+  }
+
+  async #forceDelete(pod: V1Pod): Promise<void> {
+    const namespace = pod.metadata?.namespace ?? '';
+    const name = pod.metadata?.name ?? '';
+    try {
+      await this.#o.kube.write(() =>
+        this.#o.kube.core.deleteNamespacedPod({
+          name,
+          namespace,
+          gracePeriodSeconds: 0,
+          body: { gracePeriodSeconds: 0, preconditions: { uid: pod.metadata?.uid } },
+        }),
+      );
+      this.#log.info({ pod: podKey(namespace, name) }, 'pod deleted');
+    } catch (err) {
+      const code = apiStatus(err);
+      // 404: already gone; 409: a recreated pod with the same name must survive.
+      if (code === 404 || code === 409) return;
+      throw err;
+    }
+  }
+
+  async #writeTerminalStatus(pod: V1Pod): Promise<void> {
+    const status: V1PodStatus = {
+      ...(pod.status ?? {}),
+      phase: 'Succeeded',
+      conditions: (pod.status?.conditions ?? []).map((c) =>
+        c.type === 'Ready' || c.type === 'ContainersReady' ? { ...c, status: 'False', lastTransitionTime: new Date() } : c,
+      ),
+      containerStatuses: (pod.spec?.containers ?? []).map((c) => ({
+        name: c.name,
+        image: c.image ?? '',
+        imageID: '',
+        ready: false,
+        restartCount: 0,
+        state: { terminated: { exitCode: 0, reason: 'Completed', finishedAt: new Date() } },
+      })),
+    };
+    try {
+      await this.#patchStatus(pod, status);
+    } catch (err) {
+      this.#log.debug({ pod: keyOf(pod), err: errText(err) }, 'terminal status write failed (pod is being force-deleted)');
+    }
+  }
+
+  async #reportCreateFailure(pod: V1Pod, err: unknown): Promise<void> {
+    const message = errText(err);
+    this.#o.events.event(pod, 'Warning', 'ProviderCreateFailed', message);
+    const status: V1PodStatus = {
+      ...(pod.status ?? {}),
+      phase: pod.spec?.restartPolicy === 'Never' ? 'Failed' : 'Pending',
+      reason: 'ProviderFailed',
+      message,
+    };
+    try {
+      await this.#patchStatus(pod, status);
+    } catch (e) {
+      this.#log.debug({ pod: keyOf(pod), err: errText(e) }, 'create-failure status write failed');
+    }
+  }
+
+  #forget(key: string): void {
+    this.#handled.delete(key);
+    this.#pendingStatus.delete(key);
+    this.#written.delete(key);
+    this.#unblock(key);
+  }
+
+  // ---- ConfigMap/Secret dependencies ---------------------------------------------------
+
+  #envSources(): EnvSources {
+    const core = this.#o.kube.core;
+    const read = async (fn: () => Promise<{ data?: Record<string, string> }>, decode: boolean) => {
+      try {
+        const obj = await fn();
+        const data = obj.data ?? {};
+        if (!decode) return data;
+        return Object.fromEntries(Object.entries(data).map(([k, v]) => [k, Buffer.from(v, 'base64').toString()]));
+      } catch (err) {
+        if (apiStatus(err) === 404) return null;
+        throw err;
+      }
+    };
+    return {
+      configMap: (namespace, name) => read(() => core.readNamespacedConfigMap({ namespace, name }), false),
+      secret: (namespace, name) => read(() => core.readNamespacedSecret({ namespace, name }), true),
+      serviceEnv: async () => ({}),
+    };
+  }
+
+  #block(podKeyValue: string, dep: Dependency): void {
+    const k = depKey(dep);
+    let set = this.#blocked.get(k);
+    if (!set) {
+      set = new Set();
+      this.#blocked.set(k, set);
+    }
+    set.add(podKeyValue);
+    this.#ensureDepWatch(dep);
+  }
+
+  #unblock(podKeyValue: string): void {
+    for (const [k, set] of this.#blocked) {
+      set.delete(podKeyValue);
+      if (set.size === 0) this.#blocked.delete(k);
+    }
+  }
+
+  /** Watches ConfigMaps/Secrets of a namespace with blocked pods, so they are re-driven
+   * the moment the missing object appears (no give-up, unlike the Go framework). */
+  #ensureDepWatch(dep: Dependency): void {
+    const resource = dep.kind === 'ConfigMap' ? 'configmaps' : 'secrets';
+    const wk = `${resource}/${dep.namespace}`;
+    if (this.#depWatches.has(wk)) return;
+    const core = this.#o.kube.core;
+    const list = () =>
+      (dep.kind === 'ConfigMap'
+        ? core.listNamespacedConfigMap({ namespace: dep.namespace })
+        : core.listNamespacedSecret({ namespace: dep.namespace })) as Promise<{ items: (V1ConfigMap | V1Secret)[]; metadata?: { resourceVersion?: string } }>;
+    const w = new ListWatch<V1ConfigMap | V1Secret>(
+      `/api/v1/namespaces/${dep.namespace}/${resource}`,
+      new Watch(this.#o.kube.kc),
+      list as never,
+      false,
+    );
+    const onChange = (obj: V1ConfigMap | V1Secret) => {
+      const set = this.#blocked.get(depKey({ kind: dep.kind, namespace: dep.namespace, name: obj.metadata?.name ?? '' }));
+      for (const k of set ?? []) this.#queue.add(k);
+    };
+    w.on('add', onChange);
+    w.on('update', onChange);
+    w.on('error', () => {
+      if (!this.#stopped) setTimeout(() => void w.start().catch(() => {}), 2000).unref();
+    });
+    this.#depWatches.set(wk, w);
+    void w.start().catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err), watch: wk }, 'dependency watch failed'));
+  }
+
+  // ---- status -------------------------------------------------------------------------
+
+  #onProviderStatus(pod: V1Pod): void {
+    if (this.#stopped) return;
+    const key = keyOf(pod);
+    this.#pendingStatus.set(key, pod);
+    this.#statusQueue.add(key);
+  }
+
+  async #writeStatus(key: string): Promise<void> {
+    const want = this.#pendingStatus.get(key);
+    if (!want?.status) return;
+    const live = this.cached(key);
+    // Not in the cache yet (startup race, pitfall 3): keep it pending; the watch event
+    // that brings the pod re-queues this key.
+    if (!live) return;
+    if (live.metadata?.uid !== want.metadata?.uid) {
+      this.#pendingStatus.delete(key);
+      return;
+    }
+    if (isTerminalPhase(live.status?.phase)) {
+      this.#pendingStatus.delete(key);
+      return;
+    }
+    const uid = want.metadata?.uid ?? '';
+    const json = JSON.stringify(want.status);
+    const last = this.#written.get(key);
+    if (last && last.uid === uid && last.json === json) {
+      if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
+      return;
+    }
+    try {
+      await this.#patchStatus(want, want.status);
+    } catch (err) {
+      const code = apiStatus(err);
+      if (code === 404 || code === 409 || code === 422) {
+        // Gone or superseded by another incarnation: drop, never retry.
+        if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
+        return;
+      }
+      throw err;
+    }
+    this.#written.set(key, { uid, json, signature: statusSignature(want.status) });
+    if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
+  }
+
+  async #patchStatus(pod: V1Pod, status: V1PodStatus): Promise<void> {
+    const namespace = pod.metadata?.namespace ?? '';
+    const name = pod.metadata?.name ?? '';
+    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
+    await this.#o.kube.write(() =>
+      this.#o.kube.core.patchNamespacedPodStatus({ name, namespace, body }, strategicMergePatch),
+    );
+  }
+
+  /** Writes a pod's status now (used by the provider for ordered publications, R8). */
+  async writeStatusNow(pod: V1Pod): Promise<void> {
+    if (!pod.status) return;
+    await this.#patchStatus(pod, pod.status);
+    const key = keyOf(pod);
+    this.#written.set(key, {
+      uid: pod.metadata?.uid ?? '',
+      json: JSON.stringify(pod.status),
+      signature: statusSignature(pod.status),
+    });
+  }
+}
+
+function errText(err: unknown): string {
+  return err instanceof Error ? apiErrorMessage(err) : String(err);
+}

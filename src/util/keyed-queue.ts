@@ -1,0 +1,34 @@
+// Per-key serialization (lifecycle.md §10.7): every entry point for one pod key runs
+// through one promise chain, so two operations on a pod never interleave, while different
+// keys run concurrently. A task that throws does not break the chain for the next one.
+
+export class KeyedQueue {
+  #tails = new Map<string, Promise<unknown>>();
+
+  /** Runs `task` after every task queued earlier for `key`; resolves with its result. */
+  run<T>(key: string, task: () => Promise<T> | T): Promise<T> {
+    const prev = this.#tails.get(key) ?? Promise.resolve();
+    const next = prev.then(
+      () => task(),
+      () => task(),
+    );
+    const tail = next.then(
+      () => undefined,
+      () => undefined,
+    );
+    this.#tails.set(key, tail);
+    void tail.then(() => {
+      if (this.#tails.get(key) === tail) this.#tails.delete(key);
+    });
+    return next;
+  }
+
+  /** True while a task for `key` is queued or running. */
+  busy(key: string): boolean {
+    return this.#tails.has(key);
+  }
+
+  get size(): number {
+    return this.#tails.size;
+  }
+}

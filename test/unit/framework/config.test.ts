@@ -1,0 +1,72 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { ConfigError, ENV_DOCS, helpText, loadConfig } from '../../../src/config/env.ts';
+
+test('defaults match the Go implementation', () => {
+  const c = loadConfig({});
+  assert.equal(c.nodeName, 'cocoon-pool');
+  assert.equal(c.kubeletPort, 10250);
+  assert.equal(c.metricsAddr, ':9091');
+  assert.equal(c.orphanPolicy, 'destroy');
+  assert.equal(c.restoreMode, 'ondemand');
+  assert.equal(c.reservePercent, 20);
+  assert.equal(c.nodePods, 256);
+  assert.equal(c.readyDeadlineSeconds, 600);
+  assert.equal(c.reconcileIntervalSeconds, 15);
+  assert.equal(c.netControlSocket, '/run/cocoon-net/control.sock');
+  assert.equal(c.leasesPath, '/var/lib/cocoon/net/leases.json');
+  assert.equal(c.kubeletAuth, 'webhook');
+  assert.equal(c.streamIdleTimeoutSeconds, 14400);
+  assert.deepEqual(c.ignoredLaterTier, []);
+});
+
+test('an explicitly empty control socket disables lease release; unset keeps the default', () => {
+  assert.equal(loadConfig({ VK_COCOON_NET_CONTROL_SOCKET: '' }).netControlSocket, '');
+  assert.equal(loadConfig({}).netControlSocket, '/run/cocoon-net/control.sock');
+});
+
+test('a bad value stops startup naming the variable and the accepted values', () => {
+  const cases: [Record<string, string>, RegExp][] = [
+    [{ VK_ORPHAN_POLICY: 'nuke' }, /VK_ORPHAN_POLICY="nuke": expected one of destroy, alert, keep/],
+    [{ VK_RESTORE_MODE: 'lazy' }, /VK_RESTORE_MODE="lazy": expected one of copy, ondemand, mmap/],
+    [{ VK_READY_DEADLINE_SECONDS: '300' }, /VK_READY_DEADLINE_SECONDS="300": expected an integer from 480/],
+    [{ VK_RECONCILE_INTERVAL_SECONDS: '0' }, /VK_RECONCILE_INTERVAL_SECONDS="0": expected an integer from 1 to 60/],
+    [{ VK_KUBELET_PORT: '70000' }, /VK_KUBELET_PORT/],
+    [{ VK_RESERVE_PERCENT: '-1' }, /VK_RESERVE_PERCENT/],
+    [{ VK_NODE_IP: '10.0.0' }, /VK_NODE_IP="10.0.0": expected an IPv4 address/],
+    [{ VK_NODE_NAME: 'Bad_Name' }, /VK_NODE_NAME/],
+    [{ VK_NODE_CPU: 'lots' }, /VK_NODE_CPU="lots": expected a Kubernetes quantity/],
+    [{ VK_KUBELET_AUTH: 'off' }, /VK_KUBELET_AUTH/],
+    [{ VK_REGISTRY_PLAIN_HTTP: 'yes' }, /VK_REGISTRY_PLAIN_HTTP="yes": expected true or false/],
+    [{ VK_SNAPSHOT_CPU_CLASS: 'not a label' }, /VK_SNAPSHOT_CPU_CLASS/],
+    [{ VK_METRICS_ADDR: 'nope' }, /VK_METRICS_ADDR/],
+    [{ VK_KUBE_QPS: '50', VK_KUBE_BURST: '10' }, /VK_KUBE_BURST=10: expected at least VK_KUBE_QPS/],
+  ];
+  for (const [env, re] of cases) {
+    assert.throws(() => loadConfig(env), (err: unknown) => err instanceof ConfigError && re.test(err.message), JSON.stringify(env));
+  }
+});
+
+test('every problem is reported at once', () => {
+  assert.throws(
+    () => loadConfig({ VK_ORPHAN_POLICY: 'x', VK_RESTORE_MODE: 'y' }),
+    (err: unknown) => err instanceof ConfigError && /VK_ORPHAN_POLICY/.test(err.message) && /VK_RESTORE_MODE/.test(err.message),
+  );
+});
+
+test('later-tier variables are accepted and listed for the startup log', () => {
+  const c = loadConfig({ VK_PEER_ADDR: ':12501', VK_STAGING_DIR: '/tmp/x' });
+  assert.deepEqual(c.ignoredLaterTier.sort(), ['VK_PEER_ADDR', 'VK_STAGING_DIR']);
+});
+
+test('--help documents every variable', () => {
+  const text = helpText();
+  for (const d of ENV_DOCS) assert.match(text, new RegExp(`\\b${d.name}\\b`));
+});
+
+test('the README configuration table matches the parser', async () => {
+  const { readFileSync } = await import('node:fs');
+  const { configTable, readmeTable } = await import('../../../scripts/config-table.ts');
+  const readme = readFileSync(new URL('../../../README.md', import.meta.url), 'utf8');
+  assert.equal(readmeTable(readme), configTable());
+});
