@@ -5,7 +5,11 @@ import { ENV_DOCS } from '../src/config/env.ts';
 
 export function configTable(): string {
   const fmt = (d: string) => (d.startsWith('(') ? d : `\`${d}\``);
-  return ['| Variable | Default | Meaning |', '|---|---|---|', ...ENV_DOCS.map((d) => `| \`${d.name}\` | ${fmt(d.default)} | ${d.meaning} |`)].join('\n');
+  return [
+    '| Variable | Default | Meaning |',
+    '|---|---|---|',
+    ...ENV_DOCS.map((d) => `| \`${d.name}\` | ${fmt(d.default)} | ${d.meaning} |`),
+  ].join('\n');
 }
 
 export function readmeTable(readme: string): string | undefined {
@@ -17,7 +21,13 @@ if (import.meta.main) {
   const path = new URL('../README.md', import.meta.url);
   if (process.argv.includes('--write')) {
     const readme = readFileSync(path, 'utf8');
-    writeFileSync(path, readme.replace(/(<!-- config-table:start -->\n)[\s\S]*?(\n<!-- config-table:end -->)/, `$1${configTable()}$2`));
+    writeFileSync(
+      path,
+      readme.replace(
+        /(<!-- config-table:start -->\n)[\s\S]*?(\n<!-- config-table:end -->)/,
+        `$1${configTable()}$2`,
+      ),
+    );
   } else {
     process.stdout.write(`${configTable()}\n`);
   }

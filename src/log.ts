@@ -1,6 +1,6 @@
 // Structured JSON logging (pino). Child loggers carry `pod` and `vm` keys so every line
 // about a pod or VM can be found with one filter.
-import { pino, type Logger } from 'pino';
+import { type Logger, pino } from 'pino';
 
 export type { Logger };
 

@@ -6,16 +6,18 @@
 import { readFileSync } from 'node:fs';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
+import { Kube, loadKubeConfig } from './kube/client.ts';
+import { EventRecorder } from './kube/events.ts';
 import { KubeletAuthorizer } from './kubelet/auth.ts';
 import { KubeletServer } from './kubelet/server.ts';
 import { loadOrCreateServingCert } from './kubelet/tls.ts';
-import { Kube, loadKubeConfig } from './kube/client.ts';
-import { EventRecorder } from './kube/events.ts';
 import { createLogger } from './log.ts';
+import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
 import { PodController } from './pods/controller.ts';
-import { MinimalProvider } from './provider/minimal.ts';
+import { noMetrics } from './provider/cocoon/metrics.ts';
+import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { VERSION } from './version.ts';
 
 async function main(argv: string[]): Promise<number> {
@@ -45,7 +47,8 @@ async function main(argv: string[]): Promise<number> {
   }
   const log = createLogger(config.logLevel);
   log.info({ version: VERSION, node: config.nodeName }, 'starting vk-cocoon');
-  for (const name of config.ignoredLaterTier) log.info({ variable: name }, 'setting belongs to a later tier; accepted and ignored');
+  for (const name of config.ignoredLaterTier)
+    log.info({ variable: name }, 'setting belongs to a later tier; accepted and ignored');
 
   const lifetime = new AbortController();
   const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst);
@@ -56,15 +59,43 @@ async function main(argv: string[]): Promise<number> {
     dns: [config.nodeName, 'localhost'],
     ips: [...new Set([nodeIP, '127.0.0.1'])],
   });
-  if (serving.selfSigned) log.warn({ reason: serving.reason }, 'serving the kubelet API with a self-signed certificate');
+  if (serving.selfSigned)
+    log.warn({ reason: serving.reason }, 'serving the kubelet API with a self-signed certificate');
   const clientCa = config.tlsClientCA ? readFileSync(config.tlsClientCA, 'utf8') : kube.clusterCaPem();
-  if (config.kubeletAuth === 'none') log.warn('VK_KUBELET_AUTH=none: the kubelet API accepts any client (tests only)');
+  if (config.kubeletAuth === 'none')
+    log.warn('VK_KUBELET_AUTH=none: the kubelet API accepts any client (tests only)');
 
   const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log);
-  const provider = new MinimalProvider(cli, nodeIP, log);
   const events = new EventRecorder(kube, config.nodeName, log);
+  const provider = new CocoonProvider({
+    config,
+    kube,
+    cli,
+    events,
+    metrics: noMetrics,
+    leases: new LeaseFile(config.leasesPath),
+    log,
+    nodeIP,
+    lifetime: lifetime.signal,
+  });
+  // Startup reconcile runs to completion before the pod controller and the node start
+  // (pod-to-vm.md §6): adoption by VM ID and name, orphan policy, owed work.
+  try {
+    const pods = await kube.core.listPodForAllNamespaces({
+      fieldSelector: `spec.nodeName=${config.nodeName}`,
+    });
+    await provider.startupReconcile(pods.items);
+  } catch (err) {
+    log.fatal(
+      { err: err instanceof Error ? err.message : String(err) },
+      'startup reconcile failed; refusing to register node',
+    );
+    return 1;
+  }
   const controller = new PodController({ kube, nodeName: config.nodeName, provider, events, log });
+  provider.setStatusWriter((pod) => controller.writeStatusNow(pod));
   await controller.start();
+  provider.startLoops();
 
   const agent = new NodeAgent({
     kube,
@@ -100,6 +131,7 @@ async function main(argv: string[]): Promise<number> {
     process.once('SIGINT', () => stop('SIGINT'));
   });
   agent.stop();
+  provider.stopLoops();
   const closing = Promise.allSettled([controller.stop(), server.close()]);
   lifetime.abort();
   await Promise.race([closing, new Promise((r) => setTimeout(r, 10_000).unref())]);

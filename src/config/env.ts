@@ -64,36 +64,112 @@ export interface EnvVarDoc {
 }
 
 export const ENV_DOCS: readonly EnvVarDoc[] = [
-  { name: 'KUBECONFIG', default: '(in-cluster)', meaning: 'kubeconfig file of the provider identity; else ~/.kube/config, else in-cluster' },
-  { name: 'VK_NODE_NAME', default: 'cocoon-pool', meaning: 'virtual node name (DNS subdomain); also the cocoon-net pool node name' },
-  { name: 'VK_NODE_IP', default: '(first non-loopback IPv4)', meaning: 'node InternalIP advertised to the apiserver' },
+  {
+    name: 'KUBECONFIG',
+    default: '(in-cluster)',
+    meaning: 'kubeconfig file of the provider identity; else ~/.kube/config, else in-cluster',
+  },
+  {
+    name: 'VK_NODE_NAME',
+    default: 'cocoon-pool',
+    meaning: 'virtual node name (DNS subdomain); also the cocoon-net pool node name',
+  },
+  {
+    name: 'VK_NODE_IP',
+    default: '(first non-loopback IPv4)',
+    meaning: 'node InternalIP advertised to the apiserver',
+  },
   { name: 'VK_NODE_POOL', default: 'default', meaning: 'value of the cocoonstack.io/pool node label' },
   { name: 'VK_PROVIDER_ID', default: '(unset)', meaning: 'spec.providerID of the node' },
   { name: 'VK_LOG_LEVEL', default: 'info', meaning: 'trace, debug, info, warn, error or fatal' },
-  { name: 'OCI_REGISTRY', default: '(unset)', meaning: 'snapshot registry base host[:port][/path]; unset disables clone-source pulls' },
-  { name: 'VK_REGISTRY_PLAIN_HTTP', default: 'false', meaning: 'plain HTTP to the registry (tests only; loopback is always plain)' },
-  { name: 'GOOGLE_APPLICATION_CREDENTIALS', default: '(unset)', meaning: 'service-account key for registry pushes' },
-  { name: 'VK_LEASES_PATH', default: '/var/lib/cocoon/net/leases.json', meaning: 'cocoon-net DHCP lease file' },
-  { name: 'VK_COCOON_NET_CONTROL_SOCKET', default: '/run/cocoon-net/control.sock', meaning: 'cocoon-net lease release socket; empty disables' },
+  {
+    name: 'OCI_REGISTRY',
+    default: '(unset)',
+    meaning: 'snapshot registry base host[:port][/path]; unset disables clone-source pulls',
+  },
+  {
+    name: 'VK_REGISTRY_PLAIN_HTTP',
+    default: 'false',
+    meaning: 'plain HTTP to the registry (tests only; loopback is always plain)',
+  },
+  {
+    name: 'GOOGLE_APPLICATION_CREDENTIALS',
+    default: '(unset)',
+    meaning: 'service-account key for registry pushes',
+  },
+  {
+    name: 'VK_LEASES_PATH',
+    default: '/var/lib/cocoon/net/leases.json',
+    meaning: 'cocoon-net DHCP lease file',
+  },
+  {
+    name: 'VK_COCOON_NET_CONTROL_SOCKET',
+    default: '/run/cocoon-net/control.sock',
+    meaning: 'cocoon-net lease release socket; empty disables',
+  },
   { name: 'VK_COCOON_BIN', default: '/usr/local/bin/cocoon', meaning: 'the cocoon CLI' },
-  { name: 'COCOON_ROOT_DIR', default: '/var/lib/cocoon', meaning: 'cocoon data dir (run dirs, storage capacity)' },
+  {
+    name: 'COCOON_ROOT_DIR',
+    default: '/var/lib/cocoon',
+    meaning: 'cocoon data dir (run dirs, storage capacity)',
+  },
   { name: 'COCOON_CGROUP_PARENT', default: 'cocoon.slice', meaning: 'cgroup parent of the per-VM scopes' },
-  { name: 'VK_ORPHAN_POLICY', default: 'destroy', meaning: 'VMs no pod claims at startup: destroy, alert or keep' },
-  { name: 'VK_RESTORE_MODE', default: 'ondemand', meaning: 'CH clone memory restore: copy, ondemand or mmap (Windows always copy)' },
-  { name: 'VK_TLS_CERT', default: '/etc/cocoon/vk/tls/vk-kubelet.crt', meaning: 'kubelet API serving certificate (self-signed when missing)' },
+  {
+    name: 'VK_ORPHAN_POLICY',
+    default: 'destroy',
+    meaning: 'VMs no pod claims at startup: destroy, alert or keep',
+  },
+  {
+    name: 'VK_RESTORE_MODE',
+    default: 'ondemand',
+    meaning: 'CH clone memory restore: copy, ondemand or mmap (Windows always copy)',
+  },
+  {
+    name: 'VK_TLS_CERT',
+    default: '/etc/cocoon/vk/tls/vk-kubelet.crt',
+    meaning: 'kubelet API serving certificate (self-signed when missing)',
+  },
   { name: 'VK_TLS_KEY', default: '/etc/cocoon/vk/tls/vk-kubelet.key', meaning: 'kubelet API serving key' },
-  { name: 'VK_TLS_CLIENT_CA', default: '(cluster CA)', meaning: 'CA bundle that verifies client certificates (the apiserver kubelet client)' },
+  {
+    name: 'VK_TLS_CLIENT_CA',
+    default: '(cluster CA)',
+    meaning: 'CA bundle that verifies client certificates (the apiserver kubelet client)',
+  },
   { name: 'VK_KUBELET_PORT', default: '10250', meaning: 'kubelet API port, advertised in daemonEndpoints' },
-  { name: 'VK_KUBELET_AUTH', default: 'webhook', meaning: 'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only)' },
-  { name: 'VK_METRICS_ADDR', default: ':9091', meaning: 'Prometheus /metrics listener host:port; empty disables' },
-  { name: 'VK_RESERVE_PERCENT', default: '20', meaning: 'share of capacity withheld from allocatable (0-100)' },
+  {
+    name: 'VK_KUBELET_AUTH',
+    default: 'webhook',
+    meaning: 'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only)',
+  },
+  {
+    name: 'VK_METRICS_ADDR',
+    default: ':9091',
+    meaning: 'Prometheus /metrics listener host:port; empty disables',
+  },
+  {
+    name: 'VK_RESERVE_PERCENT',
+    default: '20',
+    meaning: 'share of capacity withheld from allocatable (0-100)',
+  },
   { name: 'VK_NODE_CPU', default: '(host cores)', meaning: 'CPU capacity override (quantity)' },
   { name: 'VK_NODE_MEM', default: '(MemTotal)', meaning: 'memory capacity override (quantity)' },
-  { name: 'VK_NODE_STORAGE', default: '(statfs of COCOON_ROOT_DIR)', meaning: 'ephemeral-storage capacity override (quantity)' },
+  {
+    name: 'VK_NODE_STORAGE',
+    default: '(statfs of COCOON_ROOT_DIR)',
+    meaning: 'ephemeral-storage capacity override (quantity)',
+  },
   { name: 'VK_NODE_HUGEPAGES', default: '(host)', meaning: 'hugepages capacity override (quantity)' },
   { name: 'VK_NODE_PODS', default: '256', meaning: 'pod capacity' },
-  { name: 'VK_READY_DEADLINE_SECONDS', default: '600', meaning: 'longest a managed pod with a live VM may stay creating (>= 480)' },
-  { name: 'VK_RECONCILE_INTERVAL_SECONDS', default: '15', meaning: 'lifecycle tick: readiness reconcile and re-flush (1-60)' },
+  {
+    name: 'VK_READY_DEADLINE_SECONDS',
+    default: '600',
+    meaning: 'longest a managed pod with a live VM may stay creating (>= 480)',
+  },
+  {
+    name: 'VK_RECONCILE_INTERVAL_SECONDS',
+    default: '15',
+    meaning: 'lifecycle tick: readiness reconcile and re-flush (1-60)',
+  },
   { name: 'VK_STREAM_IDLE_TIMEOUT_SECONDS', default: '14400', meaning: 'exec/log stream idle timeout' },
   { name: 'VK_KUBE_QPS', default: '20', meaning: 'client-side API write rate limit (requests/s)' },
   { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side API write burst' },
@@ -102,12 +178,28 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   { name: 'SNAPSHOT_PULL_BUDGET_MIB', default: '2048', meaning: 'pull buffering cap' },
   { name: 'SNAPSHOT_ZSTD_LEVEL', default: '0', meaning: 'v2 snapshot writer (later tier; 0 keeps v1)' },
   { name: 'SNAPSHOT_CHUNK_SIZE_MIB', default: '0', meaning: 'v2 snapshot chunking (later tier; 0 keeps v1)' },
-  { name: 'VK_SNAPSHOT_CPU_CLASS', default: '(unset)', meaning: 'later tier: snapshot CPU class label value' },
-  { name: 'VK_COCOON_MACOS_BIN', default: '/usr/local/bin/cocoon-macos', meaning: 'later tier: accepted and ignored' },
+  {
+    name: 'VK_SNAPSHOT_CPU_CLASS',
+    default: '(unset)',
+    meaning: 'later tier: snapshot CPU class label value',
+  },
+  {
+    name: 'VK_COCOON_MACOS_BIN',
+    default: '/usr/local/bin/cocoon-macos',
+    meaning: 'later tier: accepted and ignored',
+  },
   { name: 'COCOON_MACOS_VNC_PASSWORD', default: '(unset)', meaning: 'later tier: accepted and ignored' },
-  { name: 'VK_STAGING_DIR', default: '/var/lib/cocoon/vk-staging', meaning: 'later tier: accepted and ignored' },
+  {
+    name: 'VK_STAGING_DIR',
+    default: '/var/lib/cocoon/vk-staging',
+    meaning: 'later tier: accepted and ignored',
+  },
   { name: 'VK_PEER_ADDR', default: ':12501', meaning: 'later tier: accepted and ignored' },
-  { name: 'VK_COCOON_SNAPSHOT_DIR', default: '/var/lib/cocoon/snapshot/localfile', meaning: 'later tier: accepted and ignored' },
+  {
+    name: 'VK_COCOON_SNAPSHOT_DIR',
+    default: '/var/lib/cocoon/snapshot/localfile',
+    meaning: 'later tier: accepted and ignored',
+  },
 ];
 
 const LATER_TIER = [
@@ -181,7 +273,9 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
 
   const nodeName = str('VK_NODE_NAME', 'cocoon-pool');
   if (nodeName.length > 253 || !DNS_SUBDOMAIN.test(nodeName)) {
-    problems.push(`VK_NODE_NAME=${JSON.stringify(nodeName)}: expected a DNS subdomain (lower-case letters, digits, '-', '.')`);
+    problems.push(
+      `VK_NODE_NAME=${JSON.stringify(nodeName)}: expected a DNS subdomain (lower-case letters, digits, '-', '.')`,
+    );
   }
   const nodeIP = optional('VK_NODE_IP');
   if (nodeIP !== undefined && !isIPv4(nodeIP)) {
@@ -189,24 +283,34 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
   }
   const nodePool = str('VK_NODE_POOL', 'default');
   if (nodePool.length > 63 || !LABEL_VALUE.test(nodePool)) {
-    problems.push(`VK_NODE_POOL=${JSON.stringify(nodePool)}: expected a label value (<= 63 of [A-Za-z0-9-_.])`);
+    problems.push(
+      `VK_NODE_POOL=${JSON.stringify(nodePool)}: expected a label value (<= 63 of [A-Za-z0-9-_.])`,
+    );
   }
   const snapshotCpuClass = optional('VK_SNAPSHOT_CPU_CLASS');
-  if (snapshotCpuClass !== undefined && (snapshotCpuClass.length > 63 || !LABEL_VALUE.test(snapshotCpuClass))) {
+  if (
+    snapshotCpuClass !== undefined &&
+    (snapshotCpuClass.length > 63 || !LABEL_VALUE.test(snapshotCpuClass))
+  ) {
     problems.push(`VK_SNAPSHOT_CPU_CLASS=${JSON.stringify(snapshotCpuClass)}: expected a label value`);
   }
   const ociRegistry = optional('OCI_REGISTRY')?.replace(/\/+$/, '');
   if (ociRegistry !== undefined && !REGISTRY.test(ociRegistry.replace(/^https?:\/\//, ''))) {
-    problems.push(`OCI_REGISTRY=${JSON.stringify(ociRegistry)}: expected host[:port][/path], e.g. europe-docker.pkg.dev/acme/cocoon`);
+    problems.push(
+      `OCI_REGISTRY=${JSON.stringify(ociRegistry)}: expected host[:port][/path], e.g. europe-docker.pkg.dev/acme/cocoon`,
+    );
   }
   const metricsAddr = get('VK_METRICS_ADDR') ?? ':9091';
   if (metricsAddr !== '' && !/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$/.test(metricsAddr)) {
-    problems.push(`VK_METRICS_ADDR=${JSON.stringify(metricsAddr)}: expected host:port or :port (empty disables)`);
+    problems.push(
+      `VK_METRICS_ADDR=${JSON.stringify(metricsAddr)}: expected host:port or :port (empty disables)`,
+    );
   }
   const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
   const kubeQps = int('VK_KUBE_QPS', 20, 1, 10_000);
   const kubeBurst = int('VK_KUBE_BURST', 40, 1, 10_000);
-  if (kubeBurst < kubeQps) problems.push(`VK_KUBE_BURST=${kubeBurst}: expected at least VK_KUBE_QPS (${kubeQps})`);
+  if (kubeBurst < kubeQps)
+    problems.push(`VK_KUBE_BURST=${kubeBurst}: expected at least VK_KUBE_QPS (${kubeQps})`);
 
   const config: Config = {
     kubeconfig: optional('KUBECONFIG'),

@@ -50,7 +50,11 @@ export class EventRecorder implements EventSink {
       seen.at = now.getTime();
       await this.#kube.write(() =>
         this.#kube.core.patchNamespacedEvent(
-          { name: seen.name, namespace: seen.namespace, body: { count: seen.count, lastTimestamp: now.toISOString() } },
+          {
+            name: seen.name,
+            namespace: seen.namespace,
+            body: { count: seen.count, lastTimestamp: now.toISOString() },
+          },
           mergePatch,
         ),
       );

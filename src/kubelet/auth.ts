@@ -21,11 +21,15 @@ export type AuthDecision =
 /** The SubjectAccessReview attributes of a kubelet API request (pure). */
 export function requestAttributes(method: string, path: string): { verb: string; subresource: string } {
   const verb =
-    ({ GET: 'get', HEAD: 'get', POST: 'create', PUT: 'update', PATCH: 'patch', DELETE: 'delete' } as Record<string, string>)[
-      method.toUpperCase()
-    ] ?? 'get';
+    (
+      { GET: 'get', HEAD: 'get', POST: 'create', PUT: 'update', PATCH: 'patch', DELETE: 'delete' } as Record<
+        string,
+        string
+      >
+    )[method.toUpperCase()] ?? 'get';
   const first = path.split('/')[1] ?? '';
-  const subresource = first === 'stats' ? 'stats' : first === 'metrics' ? 'metrics' : first === 'logs' ? 'log' : 'proxy';
+  const subresource =
+    first === 'stats' ? 'stats' : first === 'metrics' ? 'metrics' : first === 'logs' ? 'log' : 'proxy';
   return { verb, subresource };
 }
 
@@ -106,7 +110,11 @@ export class KubeletAuthorizer {
     return user;
   }
 
-  async #authorize(user: UserInfo, verb: string, subresource: string): Promise<{ allowed: boolean; reason: string }> {
+  async #authorize(
+    user: UserInfo,
+    verb: string,
+    subresource: string,
+  ): Promise<{ allowed: boolean; reason: string }> {
     const key = `${user.name}\0${user.groups.join(',')}\0${verb}\0${subresource}`;
     const now = Date.now();
     const hit = this.#decisions.get(key);

@@ -29,9 +29,13 @@ export function parseLogQuery(q: URLSearchParams): Parsed<LogOptions> {
   if (sinceTimeText) {
     sinceTime = new Date(sinceTimeText);
     if (!/^\d{4}-\d{2}-\d{2}T/.test(sinceTimeText) || Number.isNaN(sinceTime.getTime())) {
-      return { ok: false, message: `sinceTime: must be an RFC 3339 timestamp, got ${JSON.stringify(sinceTimeText)}` };
+      return {
+        ok: false,
+        message: `sinceTime: must be an RFC 3339 timestamp, got ${JSON.stringify(sinceTimeText)}`,
+      };
     }
-    if (since.value !== undefined) return { ok: false, message: 'at most one of sinceTime or sinceSeconds may be specified' };
+    if (since.value !== undefined)
+      return { ok: false, message: 'at most one of sinceTime or sinceSeconds may be specified' };
   }
   return {
     ok: true,
@@ -73,7 +77,10 @@ export function parseExecQuery(q: URLSearchParams): Parsed<ExecQuery> {
 }
 
 /** Splits `/<route>/<ns>/<pod>/<container>` into its parts. */
-export function podRoute(pathname: string, route: string): { namespace: string; pod: string; container: string } | undefined {
+export function podRoute(
+  pathname: string,
+  route: string,
+): { namespace: string; pod: string; container: string } | undefined {
   const parts = pathname.split('/').filter((p) => p !== '');
   if (parts[0] !== route || parts.length < 4 || parts.length > 5) return undefined;
   // `/<route>/<ns>/<pod>/<container>` or `/<route>/<ns>/<pod>/<uid>/<container>`.

@@ -1,8 +1,9 @@
 // The kubelet HTTPS API (virtual-node.md §7): what the apiserver proxies `kubectl logs` and
 // `kubectl exec` to, what metrics-server scrapes. Every request except /healthz is
 // authenticated and authorized (§8) unless VK_KUBELET_AUTH=none.
-import { createServer, type Server } from 'node:https';
+
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { createServer, type Server } from 'node:https';
 import type { Duplex } from 'node:stream';
 import type { V1Pod } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
@@ -51,7 +52,15 @@ function errorStatus(err: unknown): number {
 }
 
 function rejectUpgrade(socket: Duplex, status: number, message: string): void {
-  const reason = { 400: 'Bad Request', 401: 'Unauthorized', 403: 'Forbidden', 404: 'Not Found', 500: 'Internal Server Error', 501: 'Not Implemented' }[status] ?? 'Error';
+  const reason =
+    {
+      400: 'Bad Request',
+      401: 'Unauthorized',
+      403: 'Forbidden',
+      404: 'Not Found',
+      500: 'Internal Server Error',
+      501: 'Not Implemented',
+    }[status] ?? 'Error';
   socket.end(
     `HTTP/1.1 ${status} ${reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(message)}\r\nConnection: close\r\n\r\n${message}`,
   );
@@ -80,7 +89,10 @@ export class KubeletServer {
     );
     this.#server.headersTimeout = 30_000;
     this.#server.requestTimeout = 0;
-    this.#server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.#upgrade(req, socket, head));
+    this.#server.on(
+      'upgrade',
+      (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.#upgrade(req, socket, head),
+    );
     this.#server.on('tlsClientError', (err) => this.#log.debug({ err: err.message }, 'TLS client error'));
   }
 
@@ -135,7 +147,7 @@ export class KubeletServer {
         return;
       }
       if (first === 'containerLogs' && method === 'GET') {
-        await this.#logs(req, res, url);
+        await this.#logs(res, url);
         return;
       }
       if (first === 'exec') {
@@ -158,7 +170,7 @@ export class KubeletServer {
     }
   }
 
-  async #logs(req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
+  async #logs(res: ServerResponse, url: URL): Promise<void> {
     const route = podRoute(url.pathname, 'containerLogs');
     if (!route) {
       sendText(res, 400, 'expected /containerLogs/{namespace}/{pod}/{container}');
@@ -171,7 +183,13 @@ export class KubeletServer {
     }
     const abort = new AbortController();
     res.on('close', () => abort.abort());
-    const stream = await this.#o.provider.getContainerLogs(route.namespace, route.pod, route.container, q.value, abort.signal);
+    const stream = await this.#o.provider.getContainerLogs(
+      route.namespace,
+      route.pod,
+      route.container,
+      q.value,
+      abort.signal,
+    );
     res.writeHead(200, { 'content-type': 'text/plain', 'transfer-encoding': 'chunked' });
     let idle: NodeJS.Timeout | undefined;
     const resetIdle = () => {

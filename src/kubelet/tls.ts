@@ -33,7 +33,7 @@ export async function loadOrCreateServingCert(
     reason = `cannot use ${certPath}/${keyPath}: ${(err as Error).message}`;
   }
   const alg = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' };
-  const keys = (await webcrypto.subtle.generateKey(alg, true, ["sign", "verify"])) as webcrypto.CryptoKeyPair;
+  const keys = (await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
   const names = [
     ...sans.dns.map((value) => ({ type: 'dns' as const, value })),
     ...sans.ips.map((value) => ({ type: 'ip' as const, value })),
@@ -47,12 +47,18 @@ export async function loadOrCreateServingCert(
     signingAlgorithm: alg,
     extensions: [
       new x509.BasicConstraintsExtension(false, undefined, true),
-      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature | x509.KeyUsageFlags.keyEncipherment, true),
+      new x509.KeyUsagesExtension(
+        x509.KeyUsageFlags.digitalSignature | x509.KeyUsageFlags.keyEncipherment,
+        true,
+      ),
       new x509.ExtendedKeyUsageExtension([x509.ExtendedKeyUsage.serverAuth]),
       new x509.SubjectAlternativeNameExtension(names),
     ],
   });
   const pkcs8 = await webcrypto.subtle.exportKey('pkcs8', keys.privateKey);
-  const key = `-----BEGIN PRIVATE KEY-----\n${Buffer.from(pkcs8).toString('base64').replace(/(.{64})/g, '$1\n').trimEnd()}\n-----END PRIVATE KEY-----\n`;
+  const key = `-----BEGIN PRIVATE KEY-----\n${Buffer.from(pkcs8)
+    .toString('base64')
+    .replace(/(.{64})/g, '$1\n')
+    .trimEnd()}\n-----END PRIVATE KEY-----\n`;
   return { cert: cert.toString('pem'), key, selfSigned: true, reason };
 }

@@ -9,7 +9,13 @@ import type { V1Lease, V1Node, V1NodeCondition } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
 import type { Logger } from '../log.ts';
 import type { NodeHealth } from '../provider/types.ts';
-import { desiredNode, desiredNodeStatus, nodeLabels, type NodeFacts, PROVIDER_TAINT_KEY } from './node-object.ts';
+import {
+  desiredNode,
+  desiredNodeStatus,
+  type NodeFacts,
+  nodeLabels,
+  PROVIDER_TAINT_KEY,
+} from './node-object.ts';
 
 const LEASE_NAMESPACE = 'kube-node-lease';
 const LEASE_DURATION_SECONDS = 40;
@@ -73,12 +79,21 @@ export class NodeAgent {
     const patch: Record<string, unknown> = { metadata: { labels } };
     const spec: Record<string, unknown> = {};
     if (!(live.spec?.taints ?? []).some((t) => t.key === PROVIDER_TAINT_KEY)) {
-      spec.taints = [...(live.spec?.taints ?? []), { key: PROVIDER_TAINT_KEY, value: 'cocoon', effect: 'NoSchedule' }];
+      spec.taints = [
+        ...(live.spec?.taints ?? []),
+        { key: PROVIDER_TAINT_KEY, value: 'cocoon', effect: 'NoSchedule' },
+      ];
     }
-    if (this.#o.facts.config.providerID && !live.spec?.providerID) spec.providerID = this.#o.facts.config.providerID;
+    if (this.#o.facts.config.providerID && !live.spec?.providerID)
+      spec.providerID = this.#o.facts.config.providerID;
     if (Object.keys(spec).length > 0) patch.spec = spec;
-    if (!this.#o.facts.config.snapshotCpuClass && live.metadata?.labels?.['cocoonstack.io/snapshot-cpu-class'] !== undefined) {
-      (patch.metadata as { labels: Record<string, string | null> }).labels['cocoonstack.io/snapshot-cpu-class'] = null;
+    if (
+      !this.#o.facts.config.snapshotCpuClass &&
+      live.metadata?.labels?.['cocoonstack.io/snapshot-cpu-class'] !== undefined
+    ) {
+      (patch.metadata as { labels: Record<string, string | null> }).labels[
+        'cocoonstack.io/snapshot-cpu-class'
+      ] = null;
     }
     await this.#o.kube.write(() => core.patchNode({ name: this.#name, body: patch }, strategicMergePatch));
   }
@@ -98,7 +113,8 @@ export class NodeAgent {
 
   #every(ms: number, fn: () => Promise<void>): void {
     const t = setInterval(() => {
-      if (!this.#stopped) void fn().catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err) }, 'node loop error'));
+      if (!this.#stopped)
+        void fn().catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err) }, 'node loop error'));
     }, ms);
     t.unref();
     this.#timers.push(t);
@@ -128,7 +144,8 @@ export class NodeAgent {
       if (!this.#healthy) this.#log.info('runtime healthy again; resuming heartbeats');
       this.#healthy = true;
     } catch (err) {
-      if (this.#healthy) this.#log.warn({ err: String(err) }, 'runtime health check failed; pausing heartbeats');
+      if (this.#healthy)
+        this.#log.warn({ err: String(err) }, 'runtime health check failed; pausing heartbeats');
       this.#healthy = false;
     } finally {
       this.#healthInFlight = false;
@@ -199,13 +216,16 @@ export class NodeAgent {
       try {
         if (this.#lease) {
           this.#lease = await this.#o.kube.write(() =>
-            api.replaceNamespacedLease({ name: this.#name, namespace: LEASE_NAMESPACE, body: this.#leaseBody(this.#lease) }),
+            api.replaceNamespacedLease({
+              name: this.#name,
+              namespace: LEASE_NAMESPACE,
+              body: this.#leaseBody(this.#lease),
+            }),
           );
           return;
         }
         try {
           this.#lease = await api.readNamespacedLease({ name: this.#name, namespace: LEASE_NAMESPACE });
-          continue;
         } catch (err) {
           if (apiStatus(err) !== 404) throw err;
           this.#lease = await this.#o.kube.write(() =>

@@ -66,7 +66,7 @@ export function probeHost(rootDir: string): HostFacts {
 }
 
 function hugepageSuffix(bytes: bigint): string {
-  if (bytes % (1024n ** 3n) === 0n) return `${bytes / 1024n ** 3n}Gi`;
-  if (bytes % (1024n ** 2n) === 0n) return `${bytes / 1024n ** 2n}Mi`;
+  if (bytes % 1024n ** 3n === 0n) return `${bytes / 1024n ** 3n}Gi`;
+  if (bytes % 1024n ** 2n === 0n) return `${bytes / 1024n ** 2n}Mi`;
   return `${bytes / 1024n}Ki`;
 }

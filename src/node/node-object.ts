@@ -108,7 +108,8 @@ export function nodeConditions(now: Date, previous: V1NodeCondition[] | undefine
   ];
   return want.map(([type, status, reason, message]) => {
     const prev = previous?.find((c) => c.type === type);
-    const lastTransitionTime = prev && prev.status === status && prev.lastTransitionTime ? prev.lastTransitionTime : now;
+    const lastTransitionTime =
+      prev && prev.status === status && prev.lastTransitionTime ? prev.lastTransitionTime : now;
     return { type, status, reason, message, lastHeartbeatTime: now, lastTransitionTime };
   });
 }

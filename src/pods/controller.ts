@@ -78,7 +78,14 @@ export class PodController {
     this.#log = opts.log.child({ module: 'pod-controller' });
     const fieldSelector = `spec.nodeName=${opts.nodeName}`;
     const list = () => opts.kube.core.listPodForAllNamespaces({ fieldSelector }) as Promise<V1PodList>;
-    this.#informer = new ListWatch<V1Pod>('/api/v1/pods', new Watch(opts.kube.kc), list, false, undefined, fieldSelector);
+    this.#informer = new ListWatch<V1Pod>(
+      '/api/v1/pods',
+      new Watch(opts.kube.kc),
+      list,
+      false,
+      undefined,
+      fieldSelector,
+    );
     const enqueue = (pod: V1Pod) => {
       const key = keyOf(pod);
       this.#queue.add(key);
@@ -95,8 +102,13 @@ export class PodController {
     this.#queue = new WorkQueue((key) => this.#sync(key), { concurrency: this.#o.workers });
     this.#queue.onError = (key, err, attempt) =>
       this.#log.warn({ pod: key, attempt, err: errText(err) }, 'pod sync failed; retrying with backoff');
-    this.#statusQueue = new WorkQueue((key) => this.#writeStatus(key), { concurrency: 16, baseDelayMs: 200, maxDelayMs: 30_000 });
-    this.#statusQueue.onError = (key, err) => this.#log.warn({ pod: key, err: errText(err) }, 'status write failed; retrying');
+    this.#statusQueue = new WorkQueue((key) => this.#writeStatus(key), {
+      concurrency: 16,
+      baseDelayMs: 200,
+      maxDelayMs: 30_000,
+    });
+    this.#statusQueue.onError = (key, err) =>
+      this.#log.warn({ pod: key, err: errText(err) }, 'status write failed; retrying');
     opts.provider.notifyPods((pod) => this.#onProviderStatus(pod));
   }
 
@@ -170,7 +182,13 @@ export class PodController {
       const [ns, name] = splitKey(key);
       const want = this.#o.provider.getPodStatus(ns, name);
       const tracked = this.#o.provider.getPod(ns, name);
-      if (!want || !tracked || tracked.metadata?.uid !== pod.metadata?.uid || isTerminalPhase(pod.status?.phase)) continue;
+      if (
+        !want ||
+        !tracked ||
+        tracked.metadata?.uid !== pod.metadata?.uid ||
+        isTerminalPhase(pod.status?.phase)
+      )
+        continue;
       if (statusSignature(pod.status) !== statusSignature(want)) {
         this.#written.delete(key);
         this.#pendingStatus.set(key, { ...tracked, status: want });
@@ -207,7 +225,10 @@ export class PodController {
     this.#unblock(key);
     if (resolution.blockedOn.length > 0) {
       for (const dep of resolution.blockedOn) this.#block(key, dep);
-      this.#log.info({ pod: key, blockedOn: resolution.blockedOn.map(depKey) }, 'pod waits for a mandatory ConfigMap/Secret');
+      this.#log.info(
+        { pod: key, blockedOn: resolution.blockedOn.map(depKey) },
+        'pod waits for a mandatory ConfigMap/Secret',
+      );
       return;
     }
 
@@ -219,7 +240,10 @@ export class PodController {
         throw err;
       }
       this.#o.events.event(pod, 'Normal', 'ProviderCreateSuccess', 'Create pod in provider successfully');
-    } else if (tracked.metadata?.uid !== pod.metadata?.uid || providerRelevant(tracked) !== providerRelevant(pod)) {
+    } else if (
+      tracked.metadata?.uid !== pod.metadata?.uid ||
+      providerRelevant(tracked) !== providerRelevant(pod)
+    ) {
       try {
         await provider.updatePod(pod);
       } catch (err) {
@@ -283,7 +307,9 @@ export class PodController {
       ...(pod.status ?? {}),
       phase: 'Succeeded',
       conditions: (pod.status?.conditions ?? []).map((c) =>
-        c.type === 'Ready' || c.type === 'ContainersReady' ? { ...c, status: 'False', lastTransitionTime: new Date() } : c,
+        c.type === 'Ready' || c.type === 'ContainersReady'
+          ? { ...c, status: 'False', lastTransitionTime: new Date() }
+          : c,
       ),
       containerStatuses: (pod.spec?.containers ?? []).map((c) => ({
         name: c.name,
@@ -297,7 +323,10 @@ export class PodController {
     try {
       await this.#patchStatus(pod, status);
     } catch (err) {
-      this.#log.debug({ pod: keyOf(pod), err: errText(err) }, 'terminal status write failed (pod is being force-deleted)');
+      this.#log.debug(
+        { pod: keyOf(pod), err: errText(err) },
+        'terminal status write failed (pod is being force-deleted)',
+      );
     }
   }
 
@@ -333,7 +362,9 @@ export class PodController {
         const obj = await fn();
         const data = obj.data ?? {};
         if (!decode) return data;
-        return Object.fromEntries(Object.entries(data).map(([k, v]) => [k, Buffer.from(v, 'base64').toString()]));
+        return Object.fromEntries(
+          Object.entries(data).map(([k, v]) => [k, Buffer.from(v, 'base64').toString()]),
+        );
       } catch (err) {
         if (apiStatus(err) === 404) return null;
         throw err;
@@ -374,7 +405,10 @@ export class PodController {
     const list = () =>
       (dep.kind === 'ConfigMap'
         ? core.listNamespacedConfigMap({ namespace: dep.namespace })
-        : core.listNamespacedSecret({ namespace: dep.namespace })) as Promise<{ items: (V1ConfigMap | V1Secret)[]; metadata?: { resourceVersion?: string } }>;
+        : core.listNamespacedSecret({ namespace: dep.namespace })) as Promise<{
+        items: (V1ConfigMap | V1Secret)[];
+        metadata?: { resourceVersion?: string };
+      }>;
     const w = new ListWatch<V1ConfigMap | V1Secret>(
       `/api/v1/namespaces/${dep.namespace}/${resource}`,
       new Watch(this.#o.kube.kc),
@@ -382,7 +416,9 @@ export class PodController {
       false,
     );
     const onChange = (obj: V1ConfigMap | V1Secret) => {
-      const set = this.#blocked.get(depKey({ kind: dep.kind, namespace: dep.namespace, name: obj.metadata?.name ?? '' }));
+      const set = this.#blocked.get(
+        depKey({ kind: dep.kind, namespace: dep.namespace, name: obj.metadata?.name ?? '' }),
+      );
       for (const k of set ?? []) this.#queue.add(k);
     };
     w.on('add', onChange);
@@ -391,7 +427,11 @@ export class PodController {
       if (!this.#stopped) setTimeout(() => void w.start().catch(() => {}), 2000).unref();
     });
     this.#depWatches.set(wk, w);
-    void w.start().catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err), watch: wk }, 'dependency watch failed'));
+    void w
+      .start()
+      .catch((err: unknown) =>
+        this.#log.warn({ err: apiErrorMessage(err), watch: wk }, 'dependency watch failed'),
+      );
   }
 
   // ---- status -------------------------------------------------------------------------

@@ -68,7 +68,8 @@ function fieldRefValue(pod: V1Pod, path: string): string | undefined {
   const meta = pod.metadata ?? {};
   const labelMatch = /^metadata\.labels\['(.+)'\]$/.exec(path) ?? /^metadata\.labels\[(.+)\]$/.exec(path);
   if (labelMatch) return meta.labels?.[labelMatch[1] as string] ?? '';
-  const annMatch = /^metadata\.annotations\['(.+)'\]$/.exec(path) ?? /^metadata\.annotations\[(.+)\]$/.exec(path);
+  const annMatch =
+    /^metadata\.annotations\['(.+)'\]$/.exec(path) ?? /^metadata\.annotations\[(.+)\]$/.exec(path);
   if (annMatch) return meta.annotations?.[annMatch[1] as string] ?? '';
   switch (path) {
     case 'metadata.name':
@@ -129,7 +130,8 @@ export async function resolvePodEnv(pod: V1Pod, sources: EnvSources): Promise<En
   const block = (dep: Dependency) => {
     if (!blockedOn.some((d) => d.kind === dep.kind && d.name === dep.name)) blockedOn.push(dep);
   };
-  const serviceEnv = pod.spec?.enableServiceLinks === false ? {} : await sources.serviceEnv(namespace).catch(() => ({}));
+  const serviceEnv =
+    pod.spec?.enableServiceLinks === false ? {} : await sources.serviceEnv(namespace).catch(() => ({}));
 
   for (const container of pod.spec?.containers ?? []) {
     const vars: Record<string, string> = {};
@@ -141,12 +143,20 @@ export async function resolvePodEnv(pod: V1Pod, sources: EnvSources): Promise<En
       const data = await lookup(cache, kind, namespace, ref.name, sources);
       const label = optional ? 'Optional' : 'Mandatory';
       if (data instanceof Error) {
-        events.push({ type: 'Warning', reason: `FailedToRead${label}${kind}`, message: `Couldn't get ${kind.toLowerCase()} ${namespace}/${ref.name}: ${data.message}` });
+        events.push({
+          type: 'Warning',
+          reason: `FailedToRead${label}${kind}`,
+          message: `Couldn't get ${kind.toLowerCase()} ${namespace}/${ref.name}: ${data.message}`,
+        });
         if (!optional) block({ kind, namespace, name: ref.name });
         continue;
       }
       if (data === null) {
-        events.push({ type: 'Warning', reason: `${label}${kind}NotFound`, message: `${kind.toLowerCase()} "${ref.name}" not found` });
+        events.push({
+          type: 'Warning',
+          reason: `${label}${kind}NotFound`,
+          message: `${kind.toLowerCase()} "${ref.name}" not found`,
+        });
         if (!optional) block({ kind, namespace, name: ref.name });
         continue;
       }
@@ -181,13 +191,25 @@ export async function resolvePodEnv(pod: V1Pod, sources: EnvSources): Promise<En
         const label = optional ? 'Optional' : 'Mandatory';
         const data = await lookup(cache, kind, namespace, keyRef.name ?? '', sources);
         if (data instanceof Error) {
-          events.push({ type: 'Warning', reason: `FailedToRead${label}${kind}`, message: `Couldn't get ${kind.toLowerCase()} ${namespace}/${keyRef.name}: ${data.message}` });
+          events.push({
+            type: 'Warning',
+            reason: `FailedToRead${label}${kind}`,
+            message: `Couldn't get ${kind.toLowerCase()} ${namespace}/${keyRef.name}: ${data.message}`,
+          });
           if (!optional) block({ kind, namespace, name: keyRef.name ?? '' });
         } else if (data === null) {
-          events.push({ type: 'Warning', reason: `${label}${kind}NotFound`, message: `${kind.toLowerCase()} "${keyRef.name}" not found` });
+          events.push({
+            type: 'Warning',
+            reason: `${label}${kind}NotFound`,
+            message: `${kind.toLowerCase()} "${keyRef.name}" not found`,
+          });
           if (!optional) block({ kind, namespace, name: keyRef.name ?? '' });
         } else if (!(keyRef.key in data)) {
-          events.push({ type: 'Warning', reason: `${label}${kind}KeyNotFound`, message: `Couldn't find key ${keyRef.key} in ${kind} ${namespace}/${keyRef.name}` });
+          events.push({
+            type: 'Warning',
+            reason: `${label}${kind}KeyNotFound`,
+            message: `Couldn't find key ${keyRef.key} in ${kind} ${namespace}/${keyRef.name}`,
+          });
           if (!optional) block({ kind, namespace, name: keyRef.name ?? '' });
         } else {
           vars[ev.name] = data[keyRef.key] as string;
@@ -203,7 +225,11 @@ export async function resolvePodEnv(pod: V1Pod, sources: EnvSources): Promise<En
         const target = vf.resourceFieldRef.containerName
           ? (pod.spec?.containers.find((c) => c.name === vf.resourceFieldRef?.containerName) ?? container)
           : container;
-        vars[ev.name] = resourceFieldValue(target, vf.resourceFieldRef.resource, vf.resourceFieldRef.divisor as string | undefined);
+        vars[ev.name] = resourceFieldValue(
+          target,
+          vf.resourceFieldRef.resource,
+          vf.resourceFieldRef.divisor as string | undefined,
+        );
       }
     }
     env.set(container.name, { ...serviceEnv, ...vars });

@@ -26,7 +26,10 @@ function normalize(value: unknown): unknown {
 }
 
 function sortedEnv<T extends { env?: { name: string }[] }>(containers: T[] | undefined): T[] | undefined {
-  return containers?.map((c) => ({ ...c, env: c.env ? [...c.env].sort((a, b) => a.name.localeCompare(b.name)) : undefined }));
+  return containers?.map((c) => ({
+    ...c,
+    env: c.env ? [...c.env].sort((a, b) => a.name.localeCompare(b.name)) : undefined,
+  }));
 }
 
 /** The fields whose change makes the controller call UpdatePod. */

@@ -28,5 +28,12 @@ export function statusSignature(status: V1PodStatus | undefined): string {
   const cond = (t: string) => status.conditions?.find((c) => c.type === t)?.status ?? '';
   const agent = status.containerStatuses?.[0];
   const state = agent?.state ? STATE_KEYS.filter((k) => agent.state?.[k]).join(',') : '';
-  return [status.phase ?? '', status.podIP ?? '', cond('Ready'), cond('Initialized'), String(agent?.ready ?? ''), state].join('|');
+  return [
+    status.phase ?? '',
+    status.podIP ?? '',
+    cond('Ready'),
+    cond('Initialized'),
+    String(agent?.ready ?? ''),
+    state,
+  ].join('|');
 }

@@ -43,8 +43,20 @@ export interface PodProvider {
 }
 
 export interface ContainerApiProvider {
-  getContainerLogs(namespace: string, pod: string, container: string, opts: LogOptions, signal: AbortSignal): Promise<Readable>;
-  runInContainer(namespace: string, pod: string, container: string, cmd: string[], streams: ExecStreams): Promise<ExecOutcome>;
+  getContainerLogs(
+    namespace: string,
+    pod: string,
+    container: string,
+    opts: LogOptions,
+    signal: AbortSignal,
+  ): Promise<Readable>;
+  runInContainer(
+    namespace: string,
+    pod: string,
+    container: string,
+    cmd: string[],
+    streams: ExecStreams,
+  ): Promise<ExecOutcome>;
 }
 
 /** Host facts the node object needs; the provider reports runtime health. */

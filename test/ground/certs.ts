@@ -22,9 +22,25 @@ async function makeCa(dir: string, name: string): Promise<{ cert: string; key: s
   const cert = join(dir, `${name}.crt`);
   const key = join(dir, `${name}.key`);
   await run('openssl', [
-    'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
-    '-keyout', key, '-out', cert, '-days', '3650', '-subj', `/CN=${name}`,
-    '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign',
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:P-256',
+    '-nodes',
+    '-keyout',
+    key,
+    '-out',
+    cert,
+    '-days',
+    '3650',
+    '-subj',
+    `/CN=${name}`,
+    '-addext',
+    'basicConstraints=critical,CA:TRUE',
+    '-addext',
+    'keyUsage=critical,keyCertSign,cRLSign',
   ]);
   return { cert, key };
 }
@@ -46,12 +62,36 @@ export async function issueCert(
   if (sans.length > 0) lines.push(`subjectAltName=${sans.join(',')}`);
   writeFileSync(ext, `${lines.join('\n')}\n`);
   await run('openssl', [
-    'req', '-new', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes',
-    '-keyout', key, '-out', csr, '-subj', subject,
+    'req',
+    '-new',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:P-256',
+    '-nodes',
+    '-keyout',
+    key,
+    '-out',
+    csr,
+    '-subj',
+    subject,
   ]);
   await run('openssl', [
-    'x509', '-req', '-in', csr, '-CA', ca.cert, '-CAkey', ca.key, '-CAcreateserial',
-    '-out', cert, '-days', '3650', '-extfile', ext,
+    'x509',
+    '-req',
+    '-in',
+    csr,
+    '-CA',
+    ca.cert,
+    '-CAkey',
+    ca.key,
+    '-CAcreateserial',
+    '-out',
+    cert,
+    '-days',
+    '3650',
+    '-extfile',
+    ext,
   ]);
   return { cert, key };
 }

@@ -19,7 +19,9 @@ async function healthy(g: Ground): Promise<boolean> {
 function describe(g: Ground): void {
   console.log(`kube-apiserver ${g.cluster.version} at ${g.cluster.url} (pid ${g.cluster.pids.apiserver})`);
   console.log(`etcd at 127.0.0.1:${g.cluster.etcdPort} (pid ${g.cluster.pids.etcd})`);
-  console.log(`registry at ${g.registry.url} (pid ${g.registry.pid}); OCI_REGISTRY=${g.registry.hostPort}/cocoon`);
+  console.log(
+    `registry at ${g.registry.url} (pid ${g.registry.pid}); OCI_REGISTRY=${g.registry.hostPort}/cocoon`,
+  );
   console.log(`kubectl: ${join(g.cluster.binDir, 'kubectl')}`);
   console.log(`KUBECONFIG=${g.cluster.kubeconfig}`);
 }

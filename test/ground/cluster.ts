@@ -3,11 +3,10 @@
 // tokens, service-account keys and the kubelet-client settings the apiserver needs to
 // proxy `kubectl logs`/`exec` to a node (test-ground.md §3–§5).
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { request } from 'node:https';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type GroundCerts, makeGroundCerts } from './certs.ts';
-import { freePort, isAlive, run, startProcess, stopPid, waitFor } from './proc.ts';
+import { freePort, httpsGet, isAlive, run, startProcess, stopPid, waitFor } from './proc.ts';
 
 export const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -50,7 +49,8 @@ export async function ensureTestBinaries(log: (line: string) => void = () => {})
   log('ensuring kube-apiserver/etcd/kubectl (first build takes minutes)');
   const { stdout } = await run('bash', [join(repoRoot, 'scripts', 'testbin.sh')]);
   const dir = stdout.trim().split('\n').pop() ?? '';
-  if (!existsSync(join(dir, 'kube-apiserver'))) throw new Error(`testbin.sh did not produce binaries (${dir})`);
+  if (!existsSync(join(dir, 'kube-apiserver')))
+    throw new Error(`testbin.sh did not produce binaries (${dir})`);
   return dir;
 }
 
@@ -73,28 +73,6 @@ function kubeconfigYaml(url: string, ca: string, user: string, token: string): s
     'current-context: ground',
     '',
   ].join('\n');
-}
-
-function httpsGet(url: string, token?: string): Promise<{ status: number; body: string }> {
-  return new Promise((resolvePromise, reject) => {
-    const req = request(
-      url,
-      {
-        method: 'GET',
-        rejectUnauthorized: false, // readiness polling only, loopback; clients verify via apiserverCa
-        headers: token ? { authorization: `Bearer ${token}` } : {},
-        timeout: 5000,
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolvePromise({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString() }));
-      },
-    );
-    req.on('timeout', () => req.destroy(new Error('timeout')));
-    req.on('error', reject);
-    req.end();
-  });
 }
 
 function apiserverArgs(s: ClusterState): string[] {
@@ -231,7 +209,10 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
     extraApiserverArgs: opts.extraApiserverArgs ?? [],
   };
   writeFileSync(state.kubeconfig, kubeconfigYaml(state.url, state.apiserverCa, 'admin', tokens.admin));
-  writeFileSync(state.providerKubeconfig, kubeconfigYaml(state.url, state.apiserverCa, 'vk-cocoon', tokens.provider));
+  writeFileSync(
+    state.providerKubeconfig,
+    kubeconfigYaml(state.url, state.apiserverCa, 'vk-cocoon', tokens.provider),
+  );
   log(`starting etcd on 127.0.0.1:${state.etcdPort}`);
   state.pids.etcd = await startEtcd(state, opts.detached ?? false);
   log(`starting kube-apiserver ${version} on ${state.url}`);
@@ -244,8 +225,11 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
   }
   await kubectl(state, ['apply', '-f', join(repoRoot, 'deploy', 'rbac.yaml')]);
   await kubectl(state, [
-    'create', 'clusterrolebinding', 'metrics-server-kubelet-reader',
-    '--clusterrole=vk-cocoon-kubelet-reader', '--user=metrics-server',
+    'create',
+    'clusterrolebinding',
+    'metrics-server-kubelet-reader',
+    '--clusterrole=vk-cocoon-kubelet-reader',
+    '--user=metrics-server',
   ]);
   writeFileSync(join(opts.dir, 'cluster.json'), JSON.stringify(state, null, 2));
   log('control plane ready');

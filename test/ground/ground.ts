@@ -42,24 +42,32 @@ export async function stopGround(g: Ground): Promise<void> {
   await stopCluster(g.cluster);
 }
 
-let shared: Promise<Ground> | undefined;
-
-/** The ground for this test process (shared when run by `npm test`). */
-export function useGround(): Promise<Ground> {
-  if (shared) return shared;
-  const dir = process.env.VK_TEST_GROUND_DIR;
-  if (dir) {
-    const g = readGround(dir);
-    if (!g) throw new Error(`VK_TEST_GROUND_DIR=${dir} holds no ground.json`);
-    shared = Promise.resolve(g);
-    return shared;
-  }
-  const own = mkdtempSync(join(tmpdir(), 'vk-ground-'));
-  shared = startGround(own);
+/**
+ * Call at the top level of a test file; `await ground()` inside tests. Inside `npm test` the
+ * ground is shared (VK_TEST_GROUND_DIR); a file run on its own starts a private ground on
+ * first use and stops it after the file's tests.
+ */
+export function useGround(): () => Promise<Ground> {
+  let pending: Promise<Ground> | undefined;
+  let own: string | undefined;
   after(async () => {
-    const g = await shared;
+    if (!own || !pending) return;
+    const g = await pending.catch(() => undefined);
     if (g) await stopGround(g);
     rmSync(own, { recursive: true, force: true });
   });
-  return shared;
+  return () => {
+    if (pending) return pending;
+    const dir = process.env.VK_TEST_GROUND_DIR;
+    if (dir) {
+      const g = readGround(dir);
+      pending = g
+        ? Promise.resolve(g)
+        : Promise.reject(new Error(`VK_TEST_GROUND_DIR=${dir} holds no ground.json`));
+      return pending;
+    }
+    own = mkdtempSync(join(tmpdir(), 'vk-ground-'));
+    pending = startGround(own);
+    return pending;
+  };
 }

@@ -2,6 +2,7 @@
 // provider). Everything the ground starts is recorded by PID and stopped by PID.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { openSync } from 'node:fs';
+import { request } from 'node:https';
 import { createServer } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 
@@ -113,5 +114,30 @@ export async function run(
       else reject(new Error(`${cmd} ${args.join(' ')} exited ${code}: ${stderr.trim() || stdout.trim()}`));
     });
     child.stdin.end(opts.input ?? '');
+  });
+}
+
+/** GET over HTTPS without verifying the server (loopback readiness polling only). */
+export function httpsGet(url: string, token?: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolvePromise, reject) => {
+    const req = request(
+      url,
+      {
+        method: 'GET',
+        rejectUnauthorized: false,
+        headers: token ? { authorization: `Bearer ${token}` } : {},
+        timeout: 5000,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () =>
+          resolvePromise({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString() }),
+        );
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error('timeout')));
+    req.on('error', reject);
+    req.end();
   });
 }

@@ -30,7 +30,10 @@ export async function startRegistry(dir: string, detached = false): Promise<Regi
       '',
     ].join('\n'),
   );
-  const child = startProcess('docker-registry', ['serve', config], { logFile: join(dir, 'registry.log'), detached });
+  const child = startProcess('docker-registry', ['serve', config], {
+    logFile: join(dir, 'registry.log'),
+    detached,
+  });
   const pid = child.pid ?? 0;
   const url = `http://127.0.0.1:${port}`;
   await waitFor(

@@ -9,12 +9,17 @@ import { repoRoot } from './cluster.ts';
 import { startGround, stopGround } from './ground.ts';
 
 const files = process.argv.slice(2);
-const patterns = files.length > 0 ? files : ['test/unit/**/*.test.ts', 'test/sim/**/*.test.ts', 'test/integration/**/*.test.ts'];
+const patterns =
+  files.length > 0
+    ? files
+    : ['test/unit/**/*.test.ts', 'test/sim/**/*.test.ts', 'test/integration/**/*.test.ts'];
 const dir = mkdtempSync(join(tmpdir(), 'vk-ground-'));
 const t0 = Date.now();
 const log = (line: string) => console.log(`ground: [${((Date.now() - t0) / 1000).toFixed(1)}s] ${line}`);
 const ground = await startGround(dir, { log });
-console.log(`ground: kube-apiserver ${ground.cluster.version} at ${ground.cluster.url}; registry ${ground.registry.url}`);
+console.log(
+  `ground: kube-apiserver ${ground.cluster.version} at ${ground.cluster.url}; registry ${ground.registry.url}`,
+);
 
 let stopping = false;
 const teardown = async (keepLogs: boolean) => {
@@ -33,7 +38,11 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
 const child = spawn(process.execPath, ['--test', '--test-reporter=spec', ...patterns], {
   cwd: repoRoot,
   stdio: 'inherit',
-  env: { ...process.env, VK_TEST_GROUND_DIR: dir, PATH: `${join(repoRoot, 'node_modules', '.bin')}:${process.env.PATH}` },
+  env: {
+    ...process.env,
+    VK_TEST_GROUND_DIR: dir,
+    PATH: `${join(repoRoot, 'node_modules', '.bin')}:${process.env.PATH}`,
+  },
 });
 const code: number = await new Promise((resolve) => child.on('close', (c) => resolve(c ?? 1)));
 await teardown(code !== 0);

@@ -30,7 +30,10 @@ test('a bad value stops startup naming the variable and the accepted values', ()
     [{ VK_ORPHAN_POLICY: 'nuke' }, /VK_ORPHAN_POLICY="nuke": expected one of destroy, alert, keep/],
     [{ VK_RESTORE_MODE: 'lazy' }, /VK_RESTORE_MODE="lazy": expected one of copy, ondemand, mmap/],
     [{ VK_READY_DEADLINE_SECONDS: '300' }, /VK_READY_DEADLINE_SECONDS="300": expected an integer from 480/],
-    [{ VK_RECONCILE_INTERVAL_SECONDS: '0' }, /VK_RECONCILE_INTERVAL_SECONDS="0": expected an integer from 1 to 60/],
+    [
+      { VK_RECONCILE_INTERVAL_SECONDS: '0' },
+      /VK_RECONCILE_INTERVAL_SECONDS="0": expected an integer from 1 to 60/,
+    ],
     [{ VK_KUBELET_PORT: '70000' }, /VK_KUBELET_PORT/],
     [{ VK_RESERVE_PERCENT: '-1' }, /VK_RESERVE_PERCENT/],
     [{ VK_NODE_IP: '10.0.0' }, /VK_NODE_IP="10.0.0": expected an IPv4 address/],
@@ -43,14 +46,21 @@ test('a bad value stops startup naming the variable and the accepted values', ()
     [{ VK_KUBE_QPS: '50', VK_KUBE_BURST: '10' }, /VK_KUBE_BURST=10: expected at least VK_KUBE_QPS/],
   ];
   for (const [env, re] of cases) {
-    assert.throws(() => loadConfig(env), (err: unknown) => err instanceof ConfigError && re.test(err.message), JSON.stringify(env));
+    assert.throws(
+      () => loadConfig(env),
+      (err: unknown) => err instanceof ConfigError && re.test(err.message),
+      JSON.stringify(env),
+    );
   }
 });
 
 test('every problem is reported at once', () => {
   assert.throws(
     () => loadConfig({ VK_ORPHAN_POLICY: 'x', VK_RESTORE_MODE: 'y' }),
-    (err: unknown) => err instanceof ConfigError && /VK_ORPHAN_POLICY/.test(err.message) && /VK_RESTORE_MODE/.test(err.message),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      /VK_ORPHAN_POLICY/.test(err.message) &&
+      /VK_RESTORE_MODE/.test(err.message),
   );
 });
 

@@ -16,7 +16,14 @@ test('log query: valid values', () => {
 });
 
 test('log query: bad values are 400 messages', () => {
-  for (const s of ['tailLines=-1', 'limitBytes=0', 'sinceSeconds=0', 'sinceTime=yesterday', 'sinceSeconds=5&sinceTime=2026-01-01T00:00:00Z', 'tailLines=x']) {
+  for (const s of [
+    'tailLines=-1',
+    'limitBytes=0',
+    'sinceSeconds=0',
+    'sinceTime=yesterday',
+    'sinceSeconds=5&sinceTime=2026-01-01T00:00:00Z',
+    'tailLines=x',
+  ]) {
     const r = parseLogQuery(q(s));
     assert.equal(r.ok, false, s);
   }
@@ -34,8 +41,16 @@ test('exec query: commands, streams, tty rules', () => {
 });
 
 test('pod routes with and without the uid segment', () => {
-  assert.deepEqual(podRoute('/exec/ns/pod/agent', 'exec'), { namespace: 'ns', pod: 'pod', container: 'agent' });
-  assert.deepEqual(podRoute('/exec/ns/pod/uid-1/agent', 'exec'), { namespace: 'ns', pod: 'pod', container: 'agent' });
+  assert.deepEqual(podRoute('/exec/ns/pod/agent', 'exec'), {
+    namespace: 'ns',
+    pod: 'pod',
+    container: 'agent',
+  });
+  assert.deepEqual(podRoute('/exec/ns/pod/uid-1/agent', 'exec'), {
+    namespace: 'ns',
+    pod: 'pod',
+    container: 'agent',
+  });
   assert.equal(podRoute('/exec/ns/pod', 'exec'), undefined);
   assert.equal(podRoute('/containerLogs/ns/pod/agent', 'exec'), undefined);
 });

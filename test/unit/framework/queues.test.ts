@@ -20,7 +20,10 @@ test('KeyedQueue serializes one key and runs different keys concurrently', async
 
 test('KeyedQueue keeps going after a task throws', async () => {
   const q = new KeyedQueue();
-  await assert.rejects(q.run('k', () => Promise.reject(new Error('boom'))), /boom/);
+  await assert.rejects(
+    q.run('k', () => Promise.reject(new Error('boom'))),
+    /boom/,
+  );
   assert.equal(await q.run('k', () => 42), 42);
   await sleep(1);
   assert.equal(q.busy('k'), false);

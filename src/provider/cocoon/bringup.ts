@@ -1,0 +1,200 @@
+// Bring-up of a VM for a pod (pod-to-vm.md §2.3 clone, §2.4 run). I/O only; every
+// decision (names, flags, CPU policy, restore mode) comes from the pure modules, and the
+// argv matches the cocoon CLI contract exactly.
+import {
+  cloneArgv,
+  imageInspectArgv,
+  imagePullArgv,
+  inspectArgv,
+  removeArgv,
+  runArgv,
+  snapshotInspectArgv,
+} from '../../cocoon/argv.ts';
+import {
+  parseSnapshotRecord,
+  parseVmRecord,
+  type SnapshotRecord,
+  type VmRecord,
+} from '../../cocoon/records.ts';
+import { CocoonCommandError } from '../../cocoon/runner.ts';
+import type { Logger } from '../../log.ts';
+import { Singleflight } from '../../util/singleflight.ts';
+import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
+import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
+import { restoreModeFor } from '../../vmspec/restore-mode.ts';
+import { localSnapshotName, splitCloneImage } from '../../vmspec/snapshot-name.ts';
+import { isCloudImageUrl } from '../../vmspec/types.ts';
+import type { ProviderContext } from './context.ts';
+
+/** Pulls a clone-source snapshot from the registry into a local name (registry.md §5). */
+export interface SnapshotPuller {
+  pull(repo: string, tag: string, localName: string, log: Logger): Promise<void>;
+}
+
+export interface BringUpResult {
+  vm: VmRecord;
+  clonedBoot: boolean;
+  sourceImage: string;
+}
+
+const CLONE_TIMEOUT_MS = 10 * 60_000;
+const PULL_TIMEOUT_MS = 30 * 60_000;
+const SHORT_TIMEOUT_MS = 60_000;
+
+const imagePulls = new Singleflight<void>();
+
+export class BringUpError extends Error {
+  override name = 'BringUpError';
+}
+
+async function inspectSnapshot(ctx: ProviderContext, name: string): Promise<SnapshotRecord | undefined> {
+  try {
+    const { stdout } = await ctx.cli.run(snapshotInspectArgv(name), { timeoutMs: SHORT_TIMEOUT_MS });
+    const rec = parseSnapshotRecord(stdout);
+    if (!rec.ok) throw new BringUpError(`cocoon snapshot inspect ${name}: ${rec.error}`);
+    return rec.value;
+  } catch (err) {
+    if (err instanceof CocoonCommandError && err.errorClass === 'snapshot_not_found') return undefined;
+    throw err;
+  }
+}
+
+/** Imports the snapshot's base image when its digest is not present locally (§2.3 step 5). */
+async function ensureBaseImage(ctx: ProviderContext, snap: SnapshotRecord, log: Logger): Promise<void> {
+  if (snap.image === '' || isCloudImageUrl(snap.image)) return;
+  const ref = snap.imageDigest || snap.image;
+  try {
+    await ctx.cli.run(imageInspectArgv(ref), { timeoutMs: SHORT_TIMEOUT_MS });
+    return;
+  } catch (err) {
+    if (!(err instanceof CocoonCommandError && err.errorClass === 'image_not_found')) throw err;
+  }
+  await imagePulls.do(ref, async () => {
+    log.info({ image: snap.image }, 'pulling the snapshot base image');
+    await ctx.cli.run(imagePullArgv(snap.image), { timeoutMs: PULL_TIMEOUT_MS });
+  });
+}
+
+export async function cloneBringUp(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  puller: SnapshotPuller | undefined,
+  log: Logger,
+): Promise<BringUpResult> {
+  const { repo, tag } = splitCloneImage(spec.image);
+  const local = localSnapshotName(spec.image);
+  let snap = await inspectSnapshot(ctx, local);
+  if (!snap) {
+    if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
+    log.info({ snapshot: local, repo, tag }, 'clone source missing locally; pulling it from the registry');
+    await puller.pull(repo, tag, local, log);
+    snap = await inspectSnapshot(ctx, local);
+    if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
+  }
+  if (snap.hypervisor !== '' && snap.hypervisor !== spec.backend) {
+    throw new BringUpError(
+      `snapshot ${local} was taken with ${snap.hypervisor} but CocoonSet requests ${spec.backend}`,
+    );
+  }
+  await ensureBaseImage(ctx, snap, log);
+  const backend = snap.hypervisor === 'firecracker' ? 'firecracker' : spec.backend;
+  const cpu = cpuPolicy(spec.cpuRequestMilli, spec.cpuLimitMilli);
+  const argv = cloneArgv({
+    vmName: spec.vmName,
+    backend,
+    network: spec.network || undefined,
+    noDirectIO: spec.noDirectIO,
+    pull: snap.image !== '',
+    restoreMode: restoreModeFor(backend, spec.os, ctx.config.restoreMode),
+    cpuWeight: cpu.weight,
+    cpuQuotaUs: cpu.quotaUs,
+    cpuPeriodUs: cpu.periodUs,
+    source: { snapshot: local },
+  });
+  const { stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS });
+  const vm = await settledRecord(ctx, stdout, spec.vmName);
+  return { vm, clonedBoot: true, sourceImage: snap.image };
+}
+
+export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger): Promise<BringUpResult> {
+  const pullKey = `${spec.forcePull ? 'force ' : ''}${spec.image}`;
+  await imagePulls.do(pullKey, async () => {
+    log.info({ image: spec.image, force: spec.forcePull }, 'pulling the VM image');
+    await ctx.cli.run(imagePullArgv(spec.image, spec.forcePull), { timeoutMs: PULL_TIMEOUT_MS });
+  });
+  const cpu = cpuPolicy(spec.cpuRequestMilli, spec.cpuLimitMilli);
+  const argv = runArgv({
+    vmName: spec.vmName,
+    cpus: cpu.cpus,
+    cpuWeight: cpu.weight,
+    cpuQuotaUs: cpu.quotaUs,
+    cpuPeriodUs: cpu.periodUs,
+    memoryBytes: runMemoryBytes(spec),
+    storageBytes: spec.storageBytes,
+    network: spec.network || undefined,
+    windows: spec.os === 'windows',
+    firecracker: spec.backend === 'firecracker',
+    noDirectIO: spec.noDirectIO,
+    image: spec.image,
+  });
+  let stdout: string;
+  try {
+    ({ stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS }));
+  } catch (err) {
+    // A start failure leaves a record in state `error` holding the name: remove it so the
+    // pod controller's retry can create the VM again (cocoon-cli.md §2, run).
+    await removeErrorRecord(ctx, spec.vmName, log);
+    throw err;
+  }
+  const vm = await settledRecord(ctx, stdout, spec.vmName);
+  return { vm, clonedBoot: false, sourceImage: spec.image };
+}
+
+async function removeErrorRecord(ctx: ProviderContext, vmName: string, log: Logger): Promise<void> {
+  try {
+    const { stdout } = await ctx.cli.run(inspectArgv(vmName), { timeoutMs: SHORT_TIMEOUT_MS });
+    const rec = parseVmRecord(stdout);
+    if (rec.ok && rec.value.state === 'error') {
+      await ctx.cli.run(removeArgv(rec.value.id), { timeoutMs: SHORT_TIMEOUT_MS });
+      log.info({ vmId: rec.value.id }, 'removed the error record left by a failed vm run');
+    }
+  } catch {
+    // not found or inconclusive: nothing to clean
+  }
+}
+
+/** The printed record, re-inspected once when it is not `running` or has pid 0. */
+async function settledRecord(ctx: ProviderContext, stdout: string, vmName: string): Promise<VmRecord> {
+  const printed = parseVmRecord(stdout);
+  if (!printed.ok)
+    throw new BringUpError(`cocoon printed an unreadable VM record for ${vmName}: ${printed.error}`);
+  if (printed.value.state === 'running' && printed.value.pid !== 0) return printed.value;
+  return (await inspectVm(ctx, printed.value.id)) ?? printed.value;
+}
+
+/** `vm inspect`; `undefined` only when cocoon says the VM is gone (never on inconclusive errors). */
+export async function inspectVm(ctx: ProviderContext, ref: string): Promise<VmRecord | undefined> {
+  try {
+    const { stdout } = await ctx.cli.run(inspectArgv(ref), { timeoutMs: SHORT_TIMEOUT_MS });
+    const rec = parseVmRecord(stdout);
+    if (!rec.ok) throw new BringUpError(`cocoon vm inspect ${ref}: ${rec.error}`);
+    return rec.value;
+  } catch (err) {
+    if (err instanceof CocoonCommandError && err.errorClass === 'vm_not_found') return undefined;
+    throw err;
+  }
+}
+
+/** Inspect with 2 attempts, 200 ms then 400 ms apart (adoption, pod-to-vm.md §2.1 step 5). */
+export async function inspectWithRetry(ctx: ProviderContext, ref: string): Promise<VmRecord | undefined> {
+  let last: unknown;
+  for (const delay of [200, 400]) {
+    try {
+      return await inspectVm(ctx, ref);
+    } catch (err) {
+      last = err;
+      await new Promise((r) => setTimeout(r, delay));
+    }
+  }
+  throw last;
+}

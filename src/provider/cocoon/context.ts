@@ -1,0 +1,272 @@
+// Shared state and the write paths of the cocoon provider: staging and flushing the
+// lifecycle intent (lifecycle.md §4, R1–R9), provider-owned annotation patches, status
+// publication, and failOp (§8). Every function here is called from inside the pod's
+// queue (§10.7, single writer).
+import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
+import type { CocoonCli } from '../../cocoon/runner.ts';
+import type { Config } from '../../config/env.ts';
+import { apiErrorMessage, apiStatus, type Kube, mergePatch } from '../../kube/client.ts';
+import type { EventSink } from '../../kube/events.ts';
+import {
+  EVENT_MESSAGE_MAX_BYTES,
+  GENERATION,
+  LIFECYCLE_STATE_MESSAGE,
+  type LifecycleState,
+  parseGeneration,
+  truncateUtf8,
+} from '../../lifecycle/annotations.ts';
+import {
+  buildLifecyclePatch,
+  comparisonKey,
+  isUnflushed,
+  lifecycleAnnotations,
+  markFlushed,
+  stage,
+} from '../../lifecycle/intent.ts';
+import { computePodStatus } from '../../lifecycle/status.ts';
+import type { Logger } from '../../log.ts';
+import type { LeaseFile } from '../../net/leases.ts';
+import type { KeyedQueue } from '../../util/keyed-queue.ts';
+import type { LifecycleMetrics } from './metrics.ts';
+import { applyAnnotations, type PodRecord } from './record.ts';
+
+export interface ProviderDeps {
+  config: Config;
+  kube: Kube;
+  cli: CocoonCli;
+  events: EventSink;
+  metrics: LifecycleMetrics;
+  leases: LeaseFile;
+  log: Logger;
+  nodeIP: string;
+  /** Provider-lifetime signal: shutdown aborts background jobs (§10.6). */
+  lifetime: AbortSignal;
+}
+
+export interface ProviderContext extends ProviderDeps {
+  pods: Map<string, PodRecord>;
+  queue: KeyedQueue;
+  /** Writes a pod's status now (R8: status with podIP before the ready annotation). */
+  writeStatus: (pod: V1Pod) => Promise<void>;
+  notify: (pod: V1Pod) => void;
+  /** Enqueues a readiness reconcile for the key (never runs it inline). */
+  reconcileSoon: (key: string) => void;
+  /** When startup reconcile finished (t0 lower bound, §10.1). */
+  startupDoneAt: number;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export function generationOf(pod: V1Pod): bigint {
+  return parseGeneration(pod.metadata?.annotations?.[GENERATION]);
+}
+
+export function logFor(ctx: ProviderContext, rec: PodRecord): Logger {
+  return ctx.log.child({ pod: rec.key, vm: rec.spec?.vmName ?? rec.vm?.name, vmId: rec.vm?.id });
+}
+
+/** True while `rec` is still the tracked incarnation (R2/R9 guard, part 1). */
+export function isCurrent(ctx: ProviderContext, rec: PodRecord): boolean {
+  return ctx.pods.get(rec.key) === rec && !rec.deleting;
+}
+
+export type PatchOutcome = 'ok' | 'superseded' | 'failed';
+
+/** A UID-fenced JSON merge patch of provider-owned annotations: 3 attempts, 500 ms apart,
+ * 5 s each. 404/409/422 mean another incarnation owns the name now (R2): superseded. */
+export async function patchAnnotations(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  annotations: Record<string, string | null>,
+): Promise<PatchOutcome> {
+  const namespace = rec.pod.metadata?.namespace ?? '';
+  const name = rec.pod.metadata?.name ?? '';
+  const body = { metadata: { uid: rec.uid, annotations } };
+  let last = '';
+  for (let attempt = 1; attempt <= 3; attempt++) {
+    try {
+      await ctx.kube.write(() =>
+        withTimeout(ctx.kube.core.patchNamespacedPod({ namespace, name, body }, mergePatch), 5000),
+      );
+      return 'ok';
+    } catch (err) {
+      const code = apiStatus(err);
+      if (code === 404 || code === 409 || code === 422) return 'superseded';
+      last = apiErrorMessage(err);
+      if (attempt < 3) await sleep(500);
+    }
+  }
+  logFor(ctx, rec).warn(
+    { err: last, keys: Object.keys(annotations) },
+    'annotation patch failed; will retry on the next tick',
+  );
+  return 'failed';
+}
+
+function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`API request timed out after ${ms} ms`)), ms);
+    p.then(
+      (v) => {
+        clearTimeout(t);
+        resolve(v);
+      },
+      (e: unknown) => {
+        clearTimeout(t);
+        reject(e);
+      },
+    );
+  });
+}
+
+/** Computes the pod status from the record (lifecycle.md §5), with an optional staged state. */
+export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: LifecycleState): V1PodStatus {
+  const status = computePodStatus({
+    vm: rec.vm ? { ip: rec.ip } : undefined,
+    lifecycle: lifecycle ?? rec.intent?.state ?? '',
+    probeReady: rec.probeReady,
+    hostIP: ctx.nodeIP,
+    startTime: rec.startTime,
+    image: rec.pod.spec?.containers?.[0]?.image ?? '',
+    termination: rec.termination,
+    waitingReason: rec.vm ? undefined : 'ContainerCreating',
+    previous: rec.lastStatus,
+    now: new Date(),
+  });
+  rec.lastStatus = status;
+  const out = status as unknown as V1PodStatus;
+  const step = readinessCondition(ctx, rec, lifecycle ?? rec.intent?.state ?? '');
+  if (step) out.conditions = [...(out.conditions ?? []), step];
+  return out;
+}
+
+/** TS addition: the readiness step and deadline as a pod condition, so operators see what a
+ * `creating` pod is waiting for and when it would be failed (issue: expose the deadline). */
+function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: LifecycleState | '') {
+  if (!rec.spec?.managed || !rec.vm) return undefined;
+  const t0 = Math.max(rec.boundAt ?? Date.now(), ctx.startupDoneAt);
+  const deadline = new Date(t0 + ctx.config.readyDeadlineSeconds * 1000).toISOString();
+  if (state === 'ready') {
+    return {
+      type: 'vm.cocoonstack.io/Readiness',
+      status: 'True',
+      reason: 'Ready',
+      message: 'lifecycle ready',
+    };
+  }
+  if (state === 'failed') {
+    return {
+      type: 'vm.cocoonstack.io/Readiness',
+      status: 'False',
+      reason: 'Failed',
+      message: rec.intent?.message ?? '',
+    };
+  }
+  const step = rec.step?.name ?? 'Starting';
+  return {
+    type: 'vm.cocoonstack.io/Readiness',
+    status: 'False',
+    reason: step,
+    message: `step ${step}; ready deadline ${deadline}`,
+  };
+}
+
+/** Publishes the current status through the controller's status writer (async, deduped). */
+export function publish(ctx: ProviderContext, rec: PodRecord): void {
+  if (!isCurrent(ctx, rec) && !rec.termination) return;
+  ctx.notify({ ...rec.pod, status: statusOf(ctx, rec) });
+}
+
+/** Stages a lifecycle state (R1, R3, R4) and updates the tracked copy's annotations.
+ * Returns false when the engine refused it (stale write or sticky failed). */
+export function stageLifecycle(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  state: LifecycleState,
+  message = '',
+): boolean {
+  const gen = generationOf(rec.pod);
+  const res = stage(rec.intent, { uid: rec.uid, state, generation: gen, message }, gen);
+  if (!res.accepted) {
+    logFor(ctx, rec).debug({ state, reason: res.reason }, 'lifecycle stage refused');
+    return false;
+  }
+  rec.intent = res.record;
+  applyAnnotations(rec, {
+    ...lifecycleAnnotations(res.record),
+    [LIFECYCLE_STATE_MESSAGE]: res.record.message || null,
+  });
+  return true;
+}
+
+/** Flushes an unflushed intent. A `ready` intent goes through R8: status first, and the
+ * annotation only after the status write succeeded. */
+export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise<PatchOutcome> {
+  const intent = rec.intent;
+  if (!intent || !isUnflushed(intent)) return 'ok';
+  if (intent.state === 'ready') {
+    try {
+      await ctx.writeStatus({ ...rec.pod, status: statusOf(ctx, rec, 'ready') });
+    } catch (err) {
+      const code = apiStatus(err);
+      if (code === 404 || code === 409 || code === 422) return 'superseded';
+      logFor(ctx, rec).warn({ err: apiErrorMessage(err) }, 'status write before ready failed; will retry');
+      return 'failed';
+    }
+  }
+  const patch = buildLifecyclePatch(rec.uid, intent);
+  const extra: Record<string, string | null> = {};
+  if (intent.state === 'ready') extra['vm.cocoonstack.io/ip'] = rec.ip || null;
+  const outcome = await patchAnnotations(ctx, rec, { ...patch.metadata.annotations, ...extra });
+  if (outcome === 'ok' && rec.intent === intent) rec.intent = markFlushed(intent, comparisonKey(intent));
+  if (outcome === 'superseded') {
+    logFor(ctx, rec).info('lifecycle write superseded by another incarnation; dropping intent');
+  }
+  if (outcome === 'ok') {
+    logFor(ctx, rec).info(
+      { state: intent.state, generation: String(intent.generation), message: intent.message || undefined },
+      'lifecycle published',
+    );
+    publish(ctx, rec);
+  }
+  return outcome;
+}
+
+/** Emits a Warning once per (VM ID, reason) (§10.8). */
+export function warnOnce(ctx: ProviderContext, rec: PodRecord, reason: string, message: string): void {
+  const vmId = rec.vm?.id ?? '';
+  if (rec.progress && rec.progress.vmId === vmId) {
+    if (rec.progress.warned.has(reason)) return;
+    rec.progress.warned.add(reason);
+  }
+  ctx.events.event(rec.pod, 'Warning', reason, truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
+}
+
+/** failOp (§8): counter, Warning `<op>: <error>`, stage `failed` with the error text, flush. */
+export async function failOp(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  op: 'create' | 'update' | 'delete',
+  reason: string,
+  message: string,
+): Promise<void> {
+  ctx.metrics.podLifecycle(op, 'failed', reason);
+  warnOnce(ctx, rec, reason, `${op}: ${message}`);
+  logFor(ctx, rec).warn({ op, reason, err: message }, 'lifecycle failed');
+  if (stageLifecycle(ctx, rec, 'failed', message)) {
+    rec.step = { name: 'Failed', since: Date.now() };
+    await flushIntent(ctx, rec);
+  }
+  publish(ctx, rec);
+}
+
+/** The pod's lifecycle annotations differ from our intent (a stale copy came back, R6):
+ * mark it unflushed so the next flush re-asserts it. */
+export function reassertIfStale(rec: PodRecord, incoming: Record<string, string> | undefined): void {
+  const intent = rec.intent;
+  if (!intent) return;
+  const want = lifecycleAnnotations(intent);
+  const have = incoming ?? {};
+  const stale = Object.entries(want).some(([k, v]) => (have[k] ?? '') !== v);
+  if (stale) rec.intent = { ...intent, flushedKey: '' };
+}

@@ -1,0 +1,97 @@
+// Per-pod readiness probe (pod-to-vm.md §8). The cadence is the pure state machine of
+// src/lifecycle/probe.ts; this module only performs probes and fires the transition
+// callback. Probe kinds:
+// - `vm.cocoonstack.io/probe-port` set: TCP connect to ip:port (3 s timeout);
+// - otherwise ICMP echo. Node.js cannot open raw ICMP sockets, so without a probe port the
+//   probe degrades to "IP resolved means reachable", as the spec allows when the process
+//   lacks the capability to send ICMP (logged once per process).
+import { Socket } from 'node:net';
+import {
+  initialProbeState,
+  nextProbeStep,
+  PROBE_TIMEOUT_MS,
+  type ProbeState,
+} from '../../lifecycle/probe.ts';
+import type { Logger } from '../../log.ts';
+
+export interface ProbeTarget {
+  ip: string;
+  port: number | undefined;
+}
+
+export interface ProbeAgentOptions {
+  /** The current target, or `undefined` when the VM is gone (probe fails with `vm gone`). */
+  target: () => ProbeTarget | undefined;
+  refreshIp: () => Promise<void>;
+  onTransition: (ready: boolean) => void;
+  onDuration: (seconds: number) => void;
+  log: Logger;
+}
+
+let icmpNoticeLogged = false;
+
+export function tcpProbe(ip: string, port: number, timeoutMs = PROBE_TIMEOUT_MS): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = new Socket();
+    const done = (ok: boolean) => {
+      s.destroy();
+      resolve(ok);
+    };
+    s.setTimeout(timeoutMs, () => done(false));
+    s.once('error', () => done(false));
+    s.connect(port, ip, () => done(true));
+  });
+}
+
+export class ProbeAgent {
+  readonly #o: ProbeAgentOptions;
+  #state: ProbeState = initialProbeState();
+  #timer: NodeJS.Timeout | undefined;
+  #stopped = false;
+
+  constructor(opts: ProbeAgentOptions) {
+    this.#o = opts;
+  }
+
+  start(): void {
+    void this.#probeOnce();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    clearTimeout(this.#timer);
+  }
+
+  async #probe(): Promise<boolean> {
+    await this.#o.refreshIp();
+    const target = this.#o.target();
+    if (!target) return false; // vm gone
+    if (target.ip === '') return false; // waiting for dhcp lease
+    if (target.port !== undefined) return await tcpProbe(target.ip, target.port);
+    if (!icmpNoticeLogged) {
+      icmpNoticeLogged = true;
+      this.#o.log.info(
+        'no ICMP capability in Node.js: probes without a probe-port treat a resolved IP as reachable',
+      );
+    }
+    return true;
+  }
+
+  async #probeOnce(): Promise<void> {
+    if (this.#stopped) return;
+    const started = performance.now();
+    let ok = false;
+    try {
+      ok = await this.#probe();
+    } catch {
+      ok = false;
+    }
+    this.#o.onDuration((performance.now() - started) / 1000);
+    if (this.#stopped) return;
+    const step = nextProbeStep(this.#state, ok ? 'success' : 'failure');
+    this.#state = step.state;
+    if (step.transition) this.#o.onTransition(step.transition === 'ready');
+    this.#timer = setTimeout(() => void this.#probeOnce(), step.delayMs);
+    this.#timer.unref();
+  }
+}

@@ -1,0 +1,120 @@
+// What the provider remembers per pod key. Everything here is either re-derivable from the
+// apiserver, `cocoon vm list` and the lease file (pod, VM, intent seeded from annotations),
+// or progress keyed by VM ID that may be lost on restart without changing any outcome
+// (lifecycle.md §10.8): after a restart a fixup simply runs again (its guest steps are
+// idempotent) and an IP wait starts over.
+import type { V1Pod } from '@kubernetes/client-node';
+import type { VmRecord } from '../../cocoon/records.ts';
+import type { IntentRecord } from '../../lifecycle/intent.ts';
+import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
+import type { VMSpec } from '../../vmspec/decode.ts';
+
+/** In-memory progress of the readiness steps, keyed by the VM ID it was recorded for. */
+export interface Progress {
+  vmId: string;
+  fixupSucceeded: boolean;
+  fixupAttempts: number;
+  sacDone: boolean;
+  ipWaitStartedAt: number | undefined;
+  renewNudgeSent: boolean;
+  /** (reason) of Warning events already emitted for this VM: each is emitted once. */
+  warned: Set<string>;
+}
+
+export type JobKind = 'fixup' | 'ipwait';
+
+/** A long step running outside the pod queue (lifecycle.md §10.7). It records its outcome
+ * and enqueues a reconcile when it settles; it never writes the lifecycle. */
+export interface Job {
+  uid: string;
+  vmId: string;
+  kind: JobKind;
+  startedAt: number;
+  hardDeadline: number;
+  abort: AbortController;
+  done: Promise<void>;
+}
+
+export interface PodRecord {
+  readonly key: string;
+  readonly uid: string;
+  /** The tracked copy: the last pod from the watch plus the provider-owned annotations. */
+  pod: V1Pod;
+  /** Decoded VMSpec; `undefined` when the annotations are invalid (the pod is parked failed). */
+  spec: VMSpec | undefined;
+  vm: VmRecord | undefined;
+  /** Last resolved IP (lifecycle.md §7.1). */
+  ip: string;
+  startTime: Date | undefined;
+  /** When a VM was bound in this process (t0 candidate, §10.1). */
+  boundAt: number | undefined;
+  /** Clone, fork, clone-from-dir or restore: fixup and IP wait apply (§6.1). */
+  clonedBoot: boolean;
+  /** The clone source snapshot's image (cloudimg vs OCI, §6.2); '' when unknown. */
+  sourceImage: string;
+  intent: IntentRecord | undefined;
+  progress: Progress | undefined;
+  job: Job | undefined;
+  probeReady: boolean;
+  lastStatus: PodStatus | undefined;
+  /** Event reason of a post-clone failure seen by this process (row 5 override). */
+  postCloneFailureReason: string | undefined;
+  deleting: boolean;
+  termination: PodTermination | undefined;
+  /** Current readiness step, shown in the pod's readiness condition. */
+  step: { name: string; since: number } | undefined;
+}
+
+export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
+  return {
+    key,
+    uid: pod.metadata?.uid ?? '',
+    pod,
+    spec,
+    vm: undefined,
+    ip: '',
+    startTime: undefined,
+    boundAt: undefined,
+    clonedBoot: false,
+    sourceImage: '',
+    intent: undefined,
+    progress: undefined,
+    job: undefined,
+    probeReady: false,
+    lastStatus: undefined,
+    postCloneFailureReason: undefined,
+    deleting: false,
+    termination: undefined,
+    step: undefined,
+  };
+}
+
+/** The progress record for the bound VM, created on first use; a replaced VM starts clean. */
+export function progressFor(rec: PodRecord, vmId: string): Progress {
+  if (rec.progress?.vmId !== vmId) {
+    rec.progress = {
+      vmId,
+      fixupSucceeded: false,
+      fixupAttempts: 0,
+      sacDone: false,
+      ipWaitStartedAt: undefined,
+      renewNudgeSent: false,
+      warned: new Set(),
+    };
+  }
+  return rec.progress;
+}
+
+export function annotationsOf(rec: PodRecord): Record<string, string> {
+  return rec.pod.metadata?.annotations ?? {};
+}
+
+/** Applies provider-owned annotation changes to the tracked copy (null removes). */
+export function applyAnnotations(rec: PodRecord, changes: Record<string, string | null>): void {
+  const ann = { ...(rec.pod.metadata?.annotations ?? {}) };
+  for (const [k, v] of Object.entries(changes)) {
+    if (v === null || v === '') delete ann[k];
+    else ann[k] = v;
+  }
+  rec.pod = { ...rec.pod, metadata: { ...rec.pod.metadata, annotations: ann } };
+}

@@ -1,0 +1,103 @@
+// Runs vk-cocoon as a child process against the test ground, the way an operator would:
+// environment variables only. Restart tests SIGKILL it and start a new one on the same
+// apiserver, simulator root and lease file.
+import { type ChildProcess, spawn } from 'node:child_process';
+import { openSync } from 'node:fs';
+import { join } from 'node:path';
+import type { ClusterState } from './cluster.ts';
+import { repoRoot } from './cluster.ts';
+import { freePort, httpsGet, isAlive, stopPid, waitFor } from './proc.ts';
+
+export interface DaemonOptions {
+  cluster: ClusterState;
+  nodeName: string;
+  /** The cocoon binary (the simulator's `cocoon` symlink). */
+  cocoonBin: string;
+  /** COCOON_ROOT_DIR (the simulator root). */
+  rootDir: string;
+  leasesPath: string;
+  logFile: string;
+  env?: Record<string, string>;
+  kubeletPort?: number;
+}
+
+export interface Daemon {
+  pid: number;
+  kubeletPort: number;
+  metricsPort: number;
+  child: ChildProcess;
+  /** SIGTERM and wait (graceful shutdown); resolves with the exit code. */
+  stop(): Promise<number | null>;
+  /** SIGKILL (crash). */
+  kill(): Promise<void>;
+}
+
+export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
+  const kubeletPort = o.kubeletPort ?? (await freePort());
+  const metricsPort = await freePort();
+  const fd = openSync(o.logFile, 'a');
+  const child = spawn(
+    join(repoRoot, 'node_modules', '.bin', 'node'),
+    [join(repoRoot, 'src', 'main.ts'), 'run'],
+    {
+      stdio: ['ignore', fd, fd],
+      env: {
+        PATH: process.env.PATH ?? '/usr/bin:/bin',
+        HOME: process.env.HOME ?? '/root',
+        KUBECONFIG: o.cluster.providerKubeconfig,
+        VK_NODE_NAME: o.nodeName,
+        VK_NODE_IP: '127.0.0.1',
+        VK_KUBELET_PORT: String(kubeletPort),
+        VK_METRICS_ADDR: `127.0.0.1:${metricsPort}`,
+        VK_COCOON_BIN: o.cocoonBin,
+        COCOON_ROOT_DIR: o.rootDir,
+        COCOON_SIM_ROOT: o.rootDir,
+        VK_LEASES_PATH: o.leasesPath,
+        COCOON_SIM_LEASES: o.leasesPath,
+        VK_COCOON_NET_CONTROL_SOCKET: '',
+        VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
+        VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),
+        VK_TLS_CLIENT_CA: o.cluster.certs.caCert,
+        VK_LOG_LEVEL: 'debug',
+        ...o.env,
+      },
+    },
+  );
+  const pid = child.pid ?? 0;
+  let exitCode: number | null | undefined;
+  const exited = new Promise<number | null>((resolve) =>
+    child.once('exit', (code) => {
+      exitCode = code;
+      resolve(code);
+    }),
+  );
+  await waitFor(
+    `vk-cocoon to serve the kubelet API on ${kubeletPort} (log: ${o.logFile})`,
+    async () => {
+      if (exitCode !== undefined) throw new Error(`vk-cocoon exited with ${exitCode}; see ${o.logFile}`);
+      const res = await httpsGet(`https://127.0.0.1:${kubeletPort}/healthz`).catch(() => undefined);
+      return res?.status === 200;
+    },
+    30_000,
+    100,
+  ).catch(async (err) => {
+    if (isAlive(pid)) await stopPid(pid, 1000);
+    throw err;
+  });
+  return {
+    pid,
+    kubeletPort,
+    metricsPort,
+    child,
+    stop: async () => {
+      if (exitCode !== undefined) return exitCode;
+      child.kill('SIGTERM');
+      return await exited;
+    },
+    kill: async () => {
+      if (exitCode !== undefined) return;
+      child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}

@@ -1,0 +1,89 @@
+// Kubernetes helpers for integration tests: admin clients, unique namespaces, polling.
+import { randomBytes } from 'node:crypto';
+import { CoordinationV1Api, CoreV1Api, KubeConfig, type V1Pod } from '@kubernetes/client-node';
+import type { ClusterState } from './cluster.ts';
+import { waitFor } from './proc.ts';
+
+export interface AdminClients {
+  kc: KubeConfig;
+  core: CoreV1Api;
+  coordination: CoordinationV1Api;
+}
+
+export function adminClients(cluster: ClusterState): AdminClients {
+  const kc = new KubeConfig();
+  kc.loadFromFile(cluster.kubeconfig);
+  return { kc, core: kc.makeApiClient(CoreV1Api), coordination: kc.makeApiClient(CoordinationV1Api) };
+}
+
+/** Creates a namespace with a unique name (namespaces are never deleted: no controller). */
+export async function newNamespace(core: CoreV1Api, prefix = 't'): Promise<string> {
+  const name = `${prefix}-${randomBytes(4).toString('hex')}`;
+  await core.createNamespace({ body: { metadata: { name } } });
+  return name;
+}
+
+/** A pod bound to `nodeName` (no scheduler runs) with the provider's toleration. */
+export function vmPod(
+  name: string,
+  nodeName: string,
+  annotations: Record<string, string>,
+  extra: Partial<V1Pod['spec']> = {},
+): V1Pod {
+  return {
+    metadata: { name, annotations },
+    spec: {
+      nodeName,
+      containers: [{ name: 'agent', image: annotations['cocoonset.cocoonstack.io/image'] ?? 'vm' }],
+      tolerations: [{ key: 'virtual-kubelet.io/provider', operator: 'Exists', effect: 'NoSchedule' }],
+      ...extra,
+    },
+  };
+}
+
+export async function waitForPod(
+  core: CoreV1Api,
+  namespace: string,
+  name: string,
+  what: string,
+  check: (pod: V1Pod) => boolean,
+  timeoutMs = 30_000,
+): Promise<V1Pod> {
+  let last: V1Pod | undefined;
+  await waitFor(
+    `pod ${namespace}/${name}: ${what}`,
+    async () => {
+      last = await core.readNamespacedPod({ namespace, name });
+      return check(last);
+    },
+    timeoutMs,
+    100,
+  );
+  return last as V1Pod;
+}
+
+export async function waitForPodGone(
+  core: CoreV1Api,
+  namespace: string,
+  name: string,
+  timeoutMs = 30_000,
+): Promise<void> {
+  await waitFor(
+    `pod ${namespace}/${name} to disappear`,
+    async () => {
+      try {
+        await core.readNamespacedPod({ namespace, name });
+        return false;
+      } catch (err) {
+        if ((err as { code?: number }).code === 404) return true;
+        throw err;
+      }
+    },
+    timeoutMs,
+    100,
+  );
+}
+
+export function podReady(pod: V1Pod): boolean {
+  return pod.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false;
+}

@@ -1,0 +1,128 @@
+// Tests of the test ground itself: a real kube-apiserver + etcd, real kubectl, and
+// Debian's docker-registry. No mock of the Kubernetes API anywhere.
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { join } from 'node:path';
+import { before, test } from 'node:test';
+import { type V1Pod, Watch } from '@kubernetes/client-node';
+import { kubectl } from '../ground/cluster.ts';
+import { type Ground, useGround } from '../ground/ground.ts';
+import { adminClients, newNamespace, vmPod } from '../ground/kube.ts';
+import { run } from '../ground/proc.ts';
+
+const ground = useGround();
+let g: Ground;
+before(async () => {
+  g = await ground();
+});
+
+test('the apiserver is the version the suite was built for and kubectl talks to it', async () => {
+  assert.match(g.cluster.version, /^Kubernetes v1\.3[4-6]\./);
+  const out = await kubectl(g.cluster, ['get', 'ns', '-o', 'name']);
+  assert.match(out, /namespace\/kube-node-lease/);
+  const v = JSON.parse(await kubectl(g.cluster, ['version', '-o', 'json'])) as {
+    serverVersion: { gitVersion: string };
+  };
+  assert.equal(`Kubernetes ${v.serverVersion.gitVersion}`, g.cluster.version);
+});
+
+test('a pod bound to a node is created and its watch delivers ADDED then DELETED', async () => {
+  const { kc, core } = adminClients(g.cluster);
+  const ns = await newNamespace(core);
+  const seen: string[] = [];
+  const watch = new Watch(kc);
+  const req = await watch.watch(
+    `/api/v1/namespaces/${ns}/pods`,
+    {},
+    (type: string, obj: V1Pod) => seen.push(`${type}:${obj.metadata?.name}`),
+    () => {},
+  );
+  await core.createNamespacedPod({ namespace: ns, body: vmPod('p1', 'some-node', {}) });
+  const pod = await core.readNamespacedPod({ namespace: ns, name: 'p1' });
+  assert.equal(pod.spec?.nodeName, 'some-node');
+  // Without a kubelet, a graceful delete of a bound pod only sets deletionTimestamp...
+  await core.deleteNamespacedPod({ namespace: ns, name: 'p1' });
+  const deleting = await core.readNamespacedPod({ namespace: ns, name: 'p1' });
+  assert.ok(deleting.metadata?.deletionTimestamp, 'graceful delete must leave the pod Terminating');
+  // ...and a force delete removes it.
+  await core.deleteNamespacedPod({ namespace: ns, name: 'p1', gracePeriodSeconds: 0 });
+  for (let i = 0; i < 50 && !seen.includes('DELETED:p1'); i++) await new Promise((r) => setTimeout(r, 100));
+  req.abort();
+  assert.equal(seen[0], 'ADDED:p1');
+  assert.ok(seen.includes('DELETED:p1'), seen.join(','));
+});
+
+test('the provider identity has exactly the RBAC of deploy/rbac.yaml', async () => {
+  const can = async (verb: string, resource: string) =>
+    (
+      await run(join(g.cluster.binDir, 'kubectl'), [
+        '--kubeconfig',
+        g.cluster.providerKubeconfig,
+        'auth',
+        'can-i',
+        verb,
+        resource,
+        '--all-namespaces',
+      ]).catch((e: Error) => ({ stdout: e.message }))
+    ).stdout.trim();
+  assert.equal(await can('patch', 'pods/status'), 'yes');
+  assert.equal(await can('create', 'tokenreviews.authentication.k8s.io'), 'yes');
+  assert.equal(await can('update', 'leases.coordination.k8s.io'), 'yes');
+  assert.match(await can('create', 'pods'), /no/);
+});
+
+test('the registry stores and serves a blob and an OCI manifest', async () => {
+  const base = `${g.registry.url}/v2/cocoon/ground-test`;
+  const blob = Buffer.from('hello cocoon');
+  const digest = `sha256:${createHash('sha256').update(blob).digest('hex')}`;
+  const start = await fetch(`${base}/blobs/uploads/`, { method: 'POST' });
+  assert.equal(start.status, 202);
+  const location = new URL(start.headers.get('location') ?? '', g.registry.url);
+  location.searchParams.set('digest', digest);
+  const put = await fetch(location, {
+    method: 'PUT',
+    body: blob,
+    headers: { 'content-type': 'application/octet-stream' },
+  });
+  assert.equal(put.status, 201);
+  const config = Buffer.from('{}');
+  const cfgDigest = `sha256:${createHash('sha256').update(config).digest('hex')}`;
+  const s2 = await fetch(`${base}/blobs/uploads/`, { method: 'POST' });
+  const l2 = new URL(s2.headers.get('location') ?? '', g.registry.url);
+  l2.searchParams.set('digest', cfgDigest);
+  assert.equal((await fetch(l2, { method: 'PUT', body: config })).status, 201);
+  const manifest = JSON.stringify({
+    schemaVersion: 2,
+    mediaType: 'application/vnd.oci.image.manifest.v1+json',
+    artifactType: 'application/vnd.cocoonstack.snapshot.v1+json',
+    config: {
+      mediaType: 'application/vnd.cocoonstack.snapshot.config.v1+json',
+      digest: cfgDigest,
+      size: config.length,
+    },
+    layers: [
+      {
+        mediaType: 'application/octet-stream',
+        digest,
+        size: blob.length,
+        annotations: { 'org.opencontainers.image.title': 'x' },
+      },
+    ],
+  });
+  const mput = await fetch(`${base}/manifests/v1`, {
+    method: 'PUT',
+    body: manifest,
+    headers: { 'content-type': 'application/vnd.oci.image.manifest.v1+json' },
+  });
+  assert.equal(mput.status, 201);
+  // CNCF distribution 2.8 only serves an OCI manifest when Accept lists its media type.
+  const without = await fetch(`${base}/manifests/v1`);
+  assert.equal(without.status, 404);
+  const got = await fetch(`${base}/manifests/v1`, {
+    headers: { accept: 'application/vnd.oci.image.manifest.v1+json' },
+  });
+  assert.equal(got.status, 200);
+  assert.equal(await got.text(), manifest);
+  const back = await fetch(`${base}/blobs/${digest}`);
+  assert.equal(Buffer.from(await back.arrayBuffer()).toString(), 'hello cocoon');
+});
