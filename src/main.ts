@@ -16,7 +16,12 @@ import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
 import { PodController } from './pods/controller.ts';
-import { noMetrics } from './provider/cocoon/metrics.ts';
+import { lifecycleMetrics } from './metrics/lifecycle.ts';
+import { createMetrics } from './metrics/registry.ts';
+import { startMetricsServer } from './metrics/server.ts';
+import { attachSampler } from './stats/collect.ts';
+import { statsRoutes } from './stats/routes.ts';
+import { StatsSampler } from './stats/sampler.ts';
 import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { VERSION } from './version.ts';
 
@@ -66,13 +71,14 @@ async function main(argv: string[]): Promise<number> {
     log.warn('VK_KUBELET_AUTH=none: the kubelet API accepts any client (tests only)');
 
   const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log);
+  const metrics = createMetrics({ log });
   const events = new EventRecorder(kube, config.nodeName, log);
   const provider = new CocoonProvider({
     config,
     kube,
     cli,
     events,
-    metrics: noMetrics,
+    metrics: lifecycleMetrics(metrics),
     leases: new LeaseFile(config.leasesPath),
     log,
     nodeIP,
@@ -101,10 +107,30 @@ async function main(argv: string[]): Promise<number> {
     kube,
     health: provider,
     log,
-    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: true },
+    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket },
   });
   await agent.register();
   agent.start();
+
+  const startedAt = new Date();
+  const sampler = new StatsSampler(
+    () =>
+      provider.trackedVms().map(({ rec, vm }) => ({
+        namespace: rec.pod.metadata?.namespace ?? '',
+        pod: rec.pod.metadata?.name ?? '',
+        uid: rec.uid,
+        vmId: vm.id,
+        vmName: vm.name,
+        backend: vm.hypervisor,
+        pid: vm.pid,
+        startTime: rec.startTime ?? startedAt,
+        tap: vm.nics.map((n) => n.tap).filter(Boolean),
+        container: rec.pod.spec?.containers?.[0]?.name,
+      })),
+    { rootDir: config.cocoonRootDir, cgroupParent: config.cgroupParent, log },
+  );
+  attachSampler(metrics, sampler);
+  const metricsServer = await startMetricsServer({ addr: config.metricsAddr, metrics, log });
 
   const authorizer = new KubeletAuthorizer(kube, config.nodeName);
   const server = new KubeletServer({
@@ -116,6 +142,7 @@ async function main(argv: string[]): Promise<number> {
     provider,
     nodePods: () => controller.list(),
     runningPods: () => provider.getPods(),
+    extraRoutes: statsRoutes(sampler, config.nodeName, startedAt),
     streamIdleTimeoutMs: config.streamIdleTimeoutSeconds * 1000,
     log,
   });
@@ -132,7 +159,7 @@ async function main(argv: string[]): Promise<number> {
   });
   agent.stop();
   provider.stopLoops();
-  const closing = Promise.allSettled([controller.stop(), server.close()]);
+  const closing = Promise.allSettled([controller.stop(), server.close(), metricsServer?.close()]);
   lifetime.abort();
   await Promise.race([closing, new Promise((r) => setTimeout(r, 10_000).unref())]);
   log.info('stopped');

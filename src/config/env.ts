@@ -19,6 +19,8 @@ export interface Config {
   logLevel: LogLevel;
   ociRegistry: string | undefined;
   registryPlainHttp: boolean;
+  /** Declare ExtendWebSocketsToKubelet so 1.36+ apiservers proxy exec WebSockets to us. */
+  execWebSocket: boolean;
   googleApplicationCredentials: string | undefined;
   leasesPath: string;
   /** Empty string disables lease release over the control socket. */
@@ -170,6 +172,7 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     default: '15',
     meaning: 'lifecycle tick: readiness reconcile and re-flush (1-60)',
   },
+  { name: 'VK_EXEC_WEBSOCKET', default: 'true', meaning: 'declare ExtendWebSocketsToKubelet (false: apiservers translate exec to SPDY)' },
   { name: 'VK_STREAM_IDLE_TIMEOUT_SECONDS', default: '14400', meaning: 'exec/log stream idle timeout' },
   { name: 'VK_KUBE_QPS', default: '20', meaning: 'client-side API write rate limit (requests/s)' },
   { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side API write burst' },
@@ -321,6 +324,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     logLevel: oneOf<LogLevel>('VK_LOG_LEVEL', 'info', ['trace', 'debug', 'info', 'warn', 'error', 'fatal']),
     ociRegistry,
     registryPlainHttp: bool('VK_REGISTRY_PLAIN_HTTP', false),
+    execWebSocket: bool('VK_EXEC_WEBSOCKET', true),
     googleApplicationCredentials: optional('GOOGLE_APPLICATION_CREDENTIALS'),
     leasesPath: str('VK_LEASES_PATH', '/var/lib/cocoon/net/leases.json'),
     // Unset means the default socket; an explicitly empty value disables release.

@@ -5,7 +5,7 @@
 // - A health gate: while the runtime does not answer, neither Lease nor status is renewed,
 //   so the node goes NotReady through the normal node lifecycle.
 // - A deleted node is re-created (TS addition, logged).
-import type { V1Lease, V1Node, V1NodeCondition } from '@kubernetes/client-node';
+import { ListWatch, type V1Lease, type V1Node, type V1NodeCondition, type V1NodeList, Watch } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
 import type { Logger } from '../log.ts';
 import type { NodeHealth } from '../provider/types.ts';
@@ -32,6 +32,18 @@ export interface NodeAgentOptions {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** A Date whose JSON form has microsecond precision. The apiserver parses Lease
+ * `renewTime` (a MicroTime) with exactly six fraction digits, while client-node 2.0
+ * serializes dates with `toISOString()` (three digits) and gets a 400. */
+export class MicroTime extends Date {
+  override toISOString(): string {
+    return super.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
+  }
+  override toJSON(): string {
+    return this.toISOString();
+  }
+}
+
 export class NodeAgent {
   readonly #o: NodeAgentOptions;
   readonly #log: Logger;
@@ -43,6 +55,8 @@ export class NodeAgent {
   #healthInFlight = false;
   #timers: NodeJS.Timeout[] = [];
   #stopped = false;
+  #nodeWatch: ListWatch<V1Node> | undefined;
+  #recreating: Promise<void> | undefined;
   readonly #abort = new AbortController();
 
   constructor(opts: NodeAgentOptions) {
@@ -109,6 +123,39 @@ export class NodeAgent {
     // Labels and the daemon endpoint are re-asserted on the live node after registration,
     // because the node may have existed with stale labels (§2).
     void this.#reassertLater();
+    this.#watchOwnNode();
+  }
+
+  /** Watches our own Node so a deletion is repaired at once, not at the next 60 s status
+   * write (the 404 path of #patchStatus stays as the fallback). */
+  #watchOwnNode(): void {
+    const fieldSelector = `metadata.name=${this.#name}`;
+    const list = () => this.#o.kube.core.listNode({ fieldSelector }) as Promise<V1NodeList>;
+    const w = new ListWatch<V1Node>('/api/v1/nodes', new Watch(this.#o.kube.kc), list, false, undefined, fieldSelector);
+    w.on('delete', () => void this.#recreate('node object was deleted'));
+    w.on('error', () => {
+      if (!this.#stopped) setTimeout(() => void w.start().catch(() => {}), 2000).unref();
+    });
+    this.#nodeWatch = w;
+    void w.start().catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err) }, 'node watch failed'));
+  }
+
+  #recreate(why: string): Promise<void> {
+    if (this.#stopped) return Promise.resolve();
+    this.#recreating ??= (async () => {
+      this.#log.warn({ why }, 're-creating the node object');
+      try {
+        this.#conditions = undefined;
+        await this.register();
+        this.#lease = undefined;
+        await this.#renewLease();
+      } catch (err) {
+        this.#log.warn({ err: apiErrorMessage(err) }, 'node re-creation failed; the status loop retries');
+      } finally {
+        this.#recreating = undefined;
+      }
+    })();
+    return this.#recreating;
   }
 
   #every(ms: number, fn: () => Promise<void>): void {
@@ -168,11 +215,7 @@ export class NodeAgent {
       } catch (err) {
         const code = apiStatus(err);
         if (code === 404) {
-          this.#log.warn('node object was deleted; re-creating it');
-          this.#conditions = undefined;
-          await this.register();
-          this.#lease = undefined;
-          await this.#renewLease();
+          await this.#recreate('node status write answered 404');
           return;
         }
         if (code === 409 && attempt < 5) {
@@ -185,7 +228,7 @@ export class NodeAgent {
   }
 
   #leaseBody(existing: V1Lease | undefined): V1Lease {
-    const now = new Date();
+    const now = new MicroTime();
     return {
       apiVersion: 'coordination.k8s.io/v1',
       kind: 'Lease',
@@ -246,6 +289,7 @@ export class NodeAgent {
 
   stop(): void {
     this.#stopped = true;
+    void this.#nodeWatch?.stop().catch(() => {});
     this.#abort.abort();
     for (const t of this.#timers) clearInterval(t);
   }

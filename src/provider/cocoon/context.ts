@@ -85,9 +85,10 @@ export async function patchAnnotations(
   let last = '';
   for (let attempt = 1; attempt <= 3; attempt++) {
     try {
-      await ctx.kube.write(() =>
+      const res = await ctx.kube.write(() =>
         withTimeout(ctx.kube.core.patchNamespacedPod({ namespace, name, body }, mergePatch), 5000),
       );
+      rec.lastWriteRV = res.metadata?.resourceVersion;
       return 'ok';
     } catch (err) {
       const code = apiStatus(err);
@@ -262,9 +263,15 @@ export async function failOp(
 
 /** The pod's lifecycle annotations differ from our intent (a stale copy came back, R6):
  * mark it unflushed so the next flush re-asserts it. */
-export function reassertIfStale(rec: PodRecord, incoming: Record<string, string> | undefined): void {
+export function reassertIfStale(rec: PodRecord, incoming: Record<string, string> | undefined, incomingRV?: string): void {
   const intent = rec.intent;
   if (!intent) return;
+  // A copy older than our own last write is watch lag, not a stale writer: the newer
+  // version (ours) is already on its way. resourceVersions are etcd revisions here;
+  // when either is not a plain integer we re-assert to stay on the safe side.
+  if (incomingRV && rec.lastWriteRV && /^\d+$/.test(incomingRV) && /^\d+$/.test(rec.lastWriteRV)) {
+    if (BigInt(incomingRV) < BigInt(rec.lastWriteRV)) return;
+  }
   const want = lifecycleAnnotations(intent);
   const have = incoming ?? {};
   const stale = Object.entries(want).some(([k, v]) => (have[k] ?? '') !== v);

@@ -33,7 +33,7 @@ import {
 } from './context.ts';
 import { ProbeAgent } from './probe-agent.ts';
 import { bindForReadiness, reconcile, refreshIp, supersedeJobs } from './readiness.ts';
-import { applyAnnotations, newRecord, type PodRecord } from './record.ts';
+import { applyAnnotations, newRecord, type PodRecord, retrack } from './record.ts';
 
 const keyOf = (pod: V1Pod) => `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
 
@@ -353,27 +353,8 @@ export class CocoonProvider implements Provider {
     }
     if (rec.deleting) throw new Error('delete operation still in flight');
     // Track the new copy, keeping provider-owned annotations (R6: a stale copy never wins).
-    const incoming = pod.metadata?.annotations ?? {};
-    reassertIfStale(rec, incoming);
-    const owned: Record<string, string | null> = {};
-    const ann = rec.pod.metadata?.annotations ?? {};
-    for (const k of [
-      VM_ID,
-      VM_IP,
-      POST_CLONE_STATE,
-      'vm.cocoonstack.io/post-clone-hint',
-      'vm.cocoonstack.io/post-clone-errors',
-    ]) {
-      owned[k] = ann[k] ?? null;
-    }
-    rec.pod = pod;
-    applyAnnotations(rec, owned);
-    if (rec.intent)
-      applyAnnotations(rec, {
-        'vm.cocoonstack.io/lifecycle-state': rec.intent.state,
-        'vm.cocoonstack.io/lifecycle-observed-generation': rec.intent.generation.toString(),
-        'vm.cocoonstack.io/lifecycle-state-message': rec.intent.message || null,
-      });
+    reassertIfStale(rec, pod.metadata?.annotations, pod.metadata?.resourceVersion);
+    retrack(rec, pod);
     const decoded = decodeVMSpec(pod.metadata?.annotations, {
       namespace: pod.metadata?.namespace,
       ownerReferences: pod.metadata?.ownerReferences,

@@ -7,6 +7,16 @@ import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';
 import type { IntentRecord } from '../../lifecycle/intent.ts';
 import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
+import {
+  LIFECYCLE_OBSERVED_GENERATION,
+  LIFECYCLE_STATE,
+  LIFECYCLE_STATE_MESSAGE,
+  POST_CLONE_ERRORS,
+  POST_CLONE_HINT,
+  POST_CLONE_STATE,
+  VM_ID,
+  VM_IP,
+} from '../../lifecycle/annotations.ts';
 import type { VMSpec } from '../../vmspec/decode.ts';
 
 /** In-memory progress of the readiness steps, keyed by the VM ID it was recorded for. */
@@ -61,6 +71,8 @@ export interface PodRecord {
   postCloneFailureReason: string | undefined;
   deleting: boolean;
   termination: PodTermination | undefined;
+  /** resourceVersion returned by our last annotation patch (R6 watch-lag filter). */
+  lastWriteRV: string | undefined;
   /** Current readiness step, shown in the pod's readiness condition. */
   step: { name: string; since: number } | undefined;
 }
@@ -85,6 +97,7 @@ export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): Po
     postCloneFailureReason: undefined,
     deleting: false,
     termination: undefined,
+    lastWriteRV: undefined,
     step: undefined,
   };
 }
@@ -117,4 +130,19 @@ export function applyAnnotations(rec: PodRecord, changes: Record<string, string 
     else ann[k] = v;
   }
   rec.pod = { ...rec.pod, metadata: { ...rec.pod.metadata, annotations: ann } };
+}
+
+const LIFECYCLE_KEYS = [LIFECYCLE_STATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE_MESSAGE];
+const RUNTIME_KEYS = [VM_ID, VM_IP, POST_CLONE_STATE, POST_CLONE_HINT, POST_CLONE_ERRORS];
+
+/** Tracks a newer copy of the pod from the watch while keeping the annotations the
+ * provider owns (R6: the intent is written onto every re-tracked copy). Runtime keys of
+ * unmanaged pods belong to the operator and come from the new copy. */
+export function retrack(rec: PodRecord, pod: V1Pod): void {
+  const keys = rec.spec?.managed === false ? LIFECYCLE_KEYS : [...LIFECYCLE_KEYS, ...RUNTIME_KEYS];
+  const previous = annotationsOf(rec);
+  const owned: Record<string, string | null> = {};
+  for (const k of keys) owned[k] = previous[k] ?? null;
+  rec.pod = pod;
+  applyAnnotations(rec, owned);
 }

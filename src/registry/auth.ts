@@ -1,0 +1,192 @@
+/**
+ * Registry authentication, pure parts (registry.md §3.1): `WWW-Authenticate` challenges, the
+ * token endpoint's answer, scopes, Basic headers and docker config credentials.
+ */
+
+/** One challenge of a `WWW-Authenticate` header; the scheme is lower-cased. */
+export interface Challenge {
+  readonly scheme: string;
+  /** Auth-param names are lower-cased; values are unquoted and unescaped. */
+  readonly params: Readonly<Record<string, string>>;
+}
+
+/** A username and password (docker config `auth`, or a Google access token later). */
+export interface Credential {
+  readonly username: string;
+  readonly password: string;
+}
+
+/** What a token endpoint answered. */
+export interface BearerToken {
+  readonly token: string;
+  /** Lifetime in seconds (`expires_in`, default 60). */
+  readonly expiresInSeconds: number;
+}
+
+/** Default token lifetime when `expires_in` is absent (registry.md §3.1). */
+export const DEFAULT_TOKEN_SECONDS = 60;
+
+const TOKEN68_OR_NAME = /[A-Za-z0-9!#$%&'*+.^_`|~/=-]/;
+
+/**
+ * Parses a `WWW-Authenticate` header value (RFC 9110 §11.6.1) into its challenges:
+ * `Bearer realm="https://auth/token",service="reg",scope="repository:a/b:pull,push"` — note
+ * the comma inside the quoted scope — or several challenges separated by commas
+ * (`Basic realm="x", Bearer realm="y"`). Malformed tails are ignored; never throws.
+ */
+export function parseWwwAuthenticate(header: string): Challenge[] {
+  const challenges: { scheme: string; params: Record<string, string> }[] = [];
+  let i = 0;
+  const n = header.length;
+  const skipSpace = () => {
+    while (i < n && (header[i] === ' ' || header[i] === '\t')) i++;
+  };
+  const readToken = (): string => {
+    const start = i;
+    while (i < n && TOKEN68_OR_NAME.test(header[i]!) && header[i] !== '=') i++;
+    return header.slice(start, i);
+  };
+  const readQuoted = (): string => {
+    // header[i] === '"'
+    i++;
+    let out = '';
+    while (i < n && header[i] !== '"') {
+      if (header[i] === '\\' && i + 1 < n) i++;
+      out += header[i];
+      i++;
+    }
+    i++; // closing quote (or end)
+    return out;
+  };
+  let current: { scheme: string; params: Record<string, string> } | undefined;
+  while (i < n) {
+    skipSpace();
+    if (header[i] === ',') {
+      i++;
+      continue;
+    }
+    const word = readToken();
+    if (word === '') {
+      i++; // skip a stray character
+      continue;
+    }
+    skipSpace();
+    if (header[i] === '=') {
+      // An auth-param of the current challenge (or a token68 with padding).
+      i++;
+      skipSpace();
+      const value = header[i] === '"' ? readQuoted() : readToken();
+      if (current) current.params[word.toLowerCase()] = value;
+      continue;
+    }
+    // A new challenge: `scheme` followed by a space or the end (or a comma).
+    current = { scheme: word.toLowerCase(), params: {} };
+    challenges.push(current);
+  }
+  return challenges;
+}
+
+/** `repository:<name>:<actions>` (registry.md §3.1), actions in the given order. */
+export function repositoryScope(name: string, actions: readonly string[]): string {
+  return `repository:${name}:${actions.join(',')}`;
+}
+
+/**
+ * The token request URL: `<realm>?service=<s>&scope=<scope>` (existing query parameters of the
+ * realm are kept). Throws for a realm that is not an absolute http(s) URL.
+ */
+export function tokenUrl(challenge: Challenge, scope: string): URL {
+  const realm = challenge.params.realm;
+  if (realm === undefined || realm === '') throw new Error('bearer challenge without realm');
+  const url = new URL(realm);
+  if (url.protocol !== 'https:' && url.protocol !== 'http:')
+    throw new Error(`bearer realm ${realm}: not http(s)`);
+  if (challenge.params.service !== undefined) url.searchParams.set('service', challenge.params.service);
+  url.searchParams.set('scope', scope);
+  return url;
+}
+
+/** Decodes a token endpoint answer: `token` or `access_token`, optional `expires_in`. */
+export function parseTokenResponse(body: string): BearerToken {
+  let json: unknown;
+  try {
+    json = JSON.parse(body);
+  } catch {
+    throw new Error('token endpoint answered non-JSON');
+  }
+  if (typeof json !== 'object' || json === null) throw new Error('token endpoint answered a non-object');
+  const o = json as Record<string, unknown>;
+  const token =
+    typeof o.token === 'string' && o.token !== ''
+      ? o.token
+      : typeof o.access_token === 'string' && o.access_token !== ''
+        ? o.access_token
+        : undefined;
+  if (token === undefined) throw new Error('token endpoint answer has neither token nor access_token');
+  const expires = o.expires_in;
+  const expiresInSeconds =
+    typeof expires === 'number' && Number.isFinite(expires) && expires > 0 ? expires : DEFAULT_TOKEN_SECONDS;
+  return { token, expiresInSeconds };
+}
+
+/**
+ * When a cached token stops being used: a little before its expiry (10% of its lifetime, at
+ * most 30 s) so a request never leaves with a token that expires in flight.
+ */
+export function tokenExpiresAt(nowMs: number, expiresInSeconds: number): number {
+  const lifetimeMs = expiresInSeconds * 1000;
+  return nowMs + lifetimeMs - Math.min(30_000, lifetimeMs / 10);
+}
+
+/** `Basic <base64(user:password)>`. */
+export function basicAuthorization(cred: Credential): string {
+  return `Basic ${Buffer.from(`${cred.username}:${cred.password}`, 'utf8').toString('base64')}`;
+}
+
+/** A docker config `auths` key reduced to `host[:port]` (scheme and path dropped, lower-case). */
+function normalizeAuthKey(key: string): string {
+  return key
+    .trim()
+    .replace(/^[a-z]+:\/\//i, '')
+    .replace(/\/.*$/, '')
+    .toLowerCase();
+}
+
+function decodeAuthEntry(entry: unknown): Credential | undefined {
+  if (typeof entry !== 'object' || entry === null) return undefined;
+  const e = entry as Record<string, unknown>;
+  if (typeof e.auth === 'string' && e.auth !== '') {
+    const text = Buffer.from(e.auth, 'base64').toString('utf8');
+    const colon = text.indexOf(':');
+    if (colon <= 0) return undefined;
+    return { username: text.slice(0, colon), password: text.slice(colon + 1) };
+  }
+  if (typeof e.username === 'string' && e.username !== '' && typeof e.password === 'string') {
+    return { username: e.username, password: e.password };
+  }
+  return undefined;
+}
+
+/**
+ * The credential for `host` (`host[:port]`) in a parsed docker config: `auths.<host>.auth`
+ * (base64 `user:password`), or plain `username`/`password` fields. An exact key wins over a key
+ * that only matches once its scheme and path are dropped (`https://host/v1/`). Credential
+ * helpers (`credsStore`, `credHelpers`) are out of scope (registry.md §3.1).
+ */
+export function dockerConfigCredential(config: unknown, host: string): Credential | undefined {
+  if (typeof config !== 'object' || config === null) return undefined;
+  const auths = (config as Record<string, unknown>).auths;
+  if (typeof auths !== 'object' || auths === null) return undefined;
+  const entries = auths as Record<string, unknown>;
+  if (Object.hasOwn(entries, host)) {
+    const exact = decodeAuthEntry(entries[host]);
+    if (exact) return exact;
+  }
+  const wanted = host.toLowerCase();
+  for (const [key, entry] of Object.entries(entries)) {
+    if (normalizeAuthKey(key) !== wanted) continue;
+    const cred = decodeAuthEntry(entry);
+    if (cred) return cred;
+  }
+  return undefined;
+}

@@ -1,0 +1,651 @@
+/**
+ * OCI distribution client, read path (registry.md §2, §3, §3.1): ping, manifest HEAD/GET
+ * (with the mandatory Accept header and index resolution), verified streaming blob GET.
+ *
+ * Transport: node:http/https over HTTP/1.1 with a keep-alive pool of up to 32 idle sockets per
+ * host (`maxFreeSockets`), chosen over the global fetch because it exposes exactly that pool
+ * setting and real stream backpressure. Redirects on blob GET are followed by hand so the
+ * `Authorization` header never reaches another host.
+ *
+ * Auth: anonymous first; a 401 challenge selects Bearer (token per repository and action set,
+ * cached until shortly before expiry, fetched with Basic credentials when a source has them)
+ * or Basic. Every request goes through {@link RegistryClient.request}, which already takes a
+ * method, the action set (`pull` / `pull,push`) and an optional body, so the write verbs of the
+ * next tier (blob upload, manifest PUT/DELETE) are thin methods on top of it.
+ *
+ * "Absent" (404 on a manifest) is a result value; everything else that is not a success is a
+ * {@link RegistryError}.
+ */
+import { createHash, type Hash } from 'node:crypto';
+import http, { type IncomingMessage } from 'node:http';
+import https from 'node:https';
+import { type Readable, Transform, type TransformCallback } from 'node:stream';
+import type { Logger } from '../log.ts';
+import { silentLogger } from '../log.ts';
+import { VERSION } from '../version.ts';
+import {
+  type Descriptor,
+  type ImageManifest,
+  MANIFEST_ACCEPT,
+  MAX_MANIFEST_BYTES,
+  type ManifestDocument,
+  parseManifestDocument,
+  selectIndexChild,
+} from './artifact.ts';
+import {
+  basicAuthorization,
+  type Challenge,
+  parseTokenResponse,
+  parseWwwAuthenticate,
+  repositoryScope,
+  tokenExpiresAt,
+  tokenUrl,
+} from './auth.ts';
+import { type CredentialSource, defaultCredentialSources, lookupCredential } from './credentials.ts';
+import {
+  blobPath,
+  displayReference,
+  manifestPath,
+  parseRegistryBase,
+  type Reference,
+  type RegistryBase,
+  registryOrigin,
+  repositoryName,
+} from './reference.ts';
+
+/**
+ * What went wrong: `http` (an unexpected status), `network` (connection refused, reset,
+ * truncated, timed out), `auth` (401/403 after the challenge, token endpoint failure),
+ * `integrity` (digest or size mismatch), `invalid` (a malformed document).
+ */
+export type RegistryErrorKind = 'http' | 'network' | 'auth' | 'integrity' | 'invalid';
+
+export class RegistryError extends Error {
+  override readonly name = 'RegistryError';
+  readonly kind: RegistryErrorKind;
+  /** HTTP status, when the registry answered. */
+  readonly status: number | undefined;
+  /** First OCI error code of the body (`BLOB_UNKNOWN`, `DENIED`, ...), when present. */
+  readonly code: string | undefined;
+
+  constructor(
+    kind: RegistryErrorKind,
+    message: string,
+    opts: { status?: number; code?: string; cause?: unknown } = {},
+  ) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.kind = kind;
+    this.status = opts.status;
+    this.code = opts.code;
+  }
+}
+
+/** A manifest that exists (HEAD). */
+export interface ManifestHead {
+  /** `Docker-Content-Digest` (`''` if the registry did not send it). */
+  readonly digest: string;
+  readonly mediaType: string;
+  /** `Content-Length`, `-1` if absent. */
+  readonly size: number;
+}
+
+/** A fetched image manifest; an index has already been resolved to one child. */
+export interface FetchedManifest {
+  /** Digest of the image manifest's exact bytes. */
+  readonly digest: string;
+  readonly bytes: Buffer;
+  readonly document: Extract<ManifestDocument, { kind: 'manifest' }>;
+  readonly manifest: ImageManifest;
+  /** Digest of the index the manifest was chosen from, if the reference named an index. */
+  readonly indexDigest: string | undefined;
+}
+
+export interface RegistryClientOptions {
+  /** `OCI_REGISTRY` (`host[:port][/path]`) or an already parsed base. */
+  readonly base: string | RegistryBase;
+  /** `VK_REGISTRY_PLAIN_HTTP`: plain HTTP for a non-loopback host (tests only). */
+  readonly plainHttp?: boolean;
+  /** Credential sources in order; default {@link defaultCredentialSources}. */
+  readonly credentials?: readonly CredentialSource[];
+  readonly log?: Logger;
+  /** Socket inactivity that fails a request (default 120 s). */
+  readonly idleTimeoutMs?: number;
+  /** Idle keep-alive sockets kept per host (default 32, registry.md §2). */
+  readonly maxIdleSockets?: number;
+}
+
+/** Options of a single registry request (the building block of every verb). */
+export interface RegistryRequest {
+  readonly method: 'GET' | 'HEAD' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
+  /** Repository the request acts on (the token scope); `''` for `/v2/`. */
+  readonly repository: string;
+  /** Path on the registry (`/v2/...`) or an absolute URL on the registry host (upload locations). */
+  readonly path: string;
+  /** Token actions; default `['pull']`. */
+  readonly actions?: readonly string[];
+  readonly headers?: Readonly<Record<string, string>>;
+  /** A replayable body (sent again after a 401 challenge). */
+  readonly body?: Buffer;
+  /** Follow 301/302/303/307/308 (blob GET), dropping `Authorization` for other hosts. */
+  readonly followRedirects?: boolean;
+  readonly signal?: AbortSignal;
+}
+
+const REDIRECTS = new Set([301, 302, 303, 307, 308]);
+const MAX_REDIRECTS = 5;
+const MAX_ERROR_BODY = 64 * 1024;
+const MAX_TOKEN_BODY = 1024 * 1024;
+
+interface CachedToken {
+  readonly token: string;
+  readonly expiresAt: number;
+}
+
+/** Reads a whole body, failing once it grows past `max` bytes. */
+async function readBody(res: IncomingMessage, max: number, what: string): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let length = 0;
+  for await (const chunk of res) {
+    length += (chunk as Buffer).length;
+    if (length > max) {
+      res.destroy();
+      throw new RegistryError('invalid', `${what}: body larger than ${max} bytes`);
+    }
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks);
+}
+
+/** Discards a body so the socket returns to the pool. */
+function drain(res: IncomingMessage): void {
+  res.on('error', () => {});
+  res.resume();
+}
+
+/** `{errors:[{code,message}]}` ⇒ the first code and a compact message. */
+function describeErrorBody(body: Buffer): { code?: string; text: string } {
+  const text = body.toString('utf8').trim();
+  try {
+    const json = JSON.parse(text) as { errors?: { code?: unknown; message?: unknown }[] };
+    const first = json.errors?.[0];
+    if (first && typeof first.code === 'string') {
+      return {
+        code: first.code,
+        text:
+          typeof first.message === 'string' && first.message !== ''
+            ? `${first.code}: ${first.message}`
+            : first.code,
+      };
+    }
+  } catch {
+    // not JSON
+  }
+  return { text: text.length > 200 ? `${text.slice(0, 200)}...` : text };
+}
+
+function networkError(what: string, error: unknown): RegistryError {
+  if (error instanceof RegistryError) return error;
+  const e = error as NodeJS.ErrnoException;
+  const detail = e.name === 'AbortError' ? 'aborted' : `${e.code ? `${e.code} ` : ''}${e.message}`;
+  return new RegistryError('network', `${what}: ${detail}`, { cause: error });
+}
+
+/**
+ * Verifies a blob while it streams: counts bytes (failing at the first byte past the
+ * descriptor size — no trailing data), hashes with SHA-256, and at the end fails unless both
+ * the size and the digest match. The failure arrives before `end`, so a consumer never takes
+ * an unverified blob for complete.
+ */
+class VerifyingStream extends Transform {
+  readonly #digest: string;
+  readonly #size: number;
+  readonly #hash: Hash = createHash('sha256');
+  #seen = 0;
+
+  constructor(digest: string, size: number) {
+    super();
+    this.#digest = digest;
+    this.#size = size;
+  }
+
+  get bytesSeen(): number {
+    return this.#seen;
+  }
+
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    this.#seen += chunk.length;
+    if (this.#seen > this.#size) {
+      cb(
+        new RegistryError(
+          'integrity',
+          `blob ${this.#digest}: more than the ${this.#size} bytes of its descriptor`,
+        ),
+      );
+      return;
+    }
+    this.#hash.update(chunk);
+    cb(null, chunk);
+  }
+
+  override _flush(cb: TransformCallback): void {
+    if (this.#seen !== this.#size) {
+      cb(new RegistryError('integrity', `blob ${this.#digest}: got ${this.#seen} of ${this.#size} bytes`));
+      return;
+    }
+    const got = `sha256:${this.#hash.digest('hex')}`;
+    if (got !== this.#digest) {
+      cb(new RegistryError('integrity', `blob ${this.#digest}: digest mismatch (content hashes to ${got})`));
+      return;
+    }
+    cb();
+  }
+}
+
+export class RegistryClient {
+  readonly base: RegistryBase;
+  readonly #origin: string;
+  readonly #credentials: readonly CredentialSource[];
+  readonly #log: Logger;
+  readonly #idleTimeoutMs: number;
+  readonly #httpAgent: http.Agent;
+  readonly #httpsAgent: https.Agent;
+  /** The registry's last challenge; drives pre-emptive auth on later requests. */
+  #challenge: Challenge | undefined;
+  readonly #tokens = new Map<string, CachedToken>();
+  readonly #tokenFetches = new Map<string, Promise<string>>();
+
+  constructor(opts: RegistryClientOptions) {
+    this.base =
+      typeof opts.base === 'string' ? parseRegistryBase(opts.base, { plainHttp: opts.plainHttp }) : opts.base;
+    this.#origin = registryOrigin(this.base);
+    this.#log = (opts.log ?? silentLogger).child({ module: 'registry', registry: this.base.host });
+    this.#credentials = opts.credentials ?? defaultCredentialSources(process.env, this.#log);
+    this.#idleTimeoutMs = opts.idleTimeoutMs ?? 120_000;
+    const maxFreeSockets = opts.maxIdleSockets ?? 32;
+    this.#httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets });
+    this.#httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets });
+  }
+
+  /** The repository name of a registry-relative repo under the base path (`<prefix>/<repo>`). */
+  repository(repo: string): string {
+    return repositoryName(this.base, repo);
+  }
+
+  /** `host/name:tag` for messages. */
+  display(name: string, ref: Reference): string {
+    return displayReference(this.base, name, ref);
+  }
+
+  /** Closes idle keep-alive sockets. */
+  close(): void {
+    this.#httpAgent.destroy();
+    this.#httpsAgent.destroy();
+  }
+
+  /** `GET /v2/`: reachability and auth discovery. Resolves on 200. */
+  async ping(signal?: AbortSignal): Promise<void> {
+    const res = await this.request({ method: 'GET', repository: '', path: '/v2/', signal });
+    if (res.statusCode !== 200) throw await this.#statusError(res, 'GET /v2/');
+    drain(res);
+  }
+
+  /** `HEAD` a manifest: `{digest}` when it exists, `'absent'` on 404 (registry.md §2). */
+  async headManifest(name: string, ref: Reference, signal?: AbortSignal): Promise<ManifestHead | 'absent'> {
+    const res = await this.request({
+      method: 'HEAD',
+      repository: name,
+      path: manifestPath(name, ref),
+      headers: { accept: MANIFEST_ACCEPT },
+      signal,
+    });
+    drain(res);
+    if (res.statusCode === 404) return 'absent';
+    if (res.statusCode !== 200) throw await this.#statusError(res, `HEAD ${this.display(name, ref)}`);
+    const length = Number(res.headers['content-length']);
+    return {
+      digest: String(res.headers['docker-content-digest'] ?? ''),
+      mediaType: String(res.headers['content-type'] ?? '')
+        .split(';')[0]!
+        .trim(),
+      size: Number.isSafeInteger(length) ? length : -1,
+    };
+  }
+
+  /**
+   * `GET` a manifest (404 ⇒ `'absent'`). An index is resolved to its `linux/amd64` child, else
+   * the first child whose architecture is not `unknown` (registry.md §4.3); a missing child is
+   * an error, not absence. A manifest fetched by digest is checked against the digest.
+   */
+  async getManifest(name: string, ref: Reference, signal?: AbortSignal): Promise<FetchedManifest | 'absent'> {
+    const top = await this.#fetchManifestDocument(name, ref, signal);
+    if (top === 'absent') return 'absent';
+    if (top.document.kind === 'manifest') {
+      return { ...top, document: top.document, manifest: top.document.manifest, indexDigest: undefined };
+    }
+    const child = selectIndexChild(top.document.children);
+    if (!child) {
+      throw new RegistryError(
+        'invalid',
+        `${this.display(name, ref)}: image index has no usable child manifest`,
+      );
+    }
+    const childRef: Reference = { kind: 'digest', value: child.digest };
+    const sub = await this.#fetchManifestDocument(name, childRef, signal);
+    if (sub === 'absent') {
+      throw new RegistryError('http', `${this.display(name, childRef)}: index child manifest not found`, {
+        status: 404,
+        code: 'MANIFEST_UNKNOWN',
+      });
+    }
+    if (sub.document.kind !== 'manifest') {
+      throw new RegistryError('invalid', `${this.display(name, childRef)}: nested image index`);
+    }
+    return { ...sub, document: sub.document, manifest: sub.document.manifest, indexDigest: top.digest };
+  }
+
+  /**
+   * Streams a blob, verified against its descriptor: the returned stream errors (before `end`)
+   * on a digest or size mismatch, extra bytes, a truncated body or a network failure. 404 is an
+   * error (`BLOB_UNKNOWN`). Redirects are followed without forwarding `Authorization`.
+   */
+  async getBlob(
+    name: string,
+    desc: Pick<Descriptor, 'digest' | 'size'>,
+    signal?: AbortSignal,
+  ): Promise<Readable> {
+    const what = `blob ${desc.digest} of ${name}`;
+    const res = await this.request({
+      method: 'GET',
+      repository: name,
+      path: blobPath(name, desc.digest),
+      followRedirects: true,
+      signal,
+    });
+    if (res.statusCode !== 200) throw await this.#statusError(res, `GET ${what}`);
+    const declared = res.headers['content-length'];
+    if (declared !== undefined && Number(declared) !== desc.size) {
+      res.destroy();
+      throw new RegistryError(
+        'integrity',
+        `${what}: Content-Length ${declared} but the descriptor says ${desc.size}`,
+      );
+    }
+    const verifier = new VerifyingStream(desc.digest, desc.size);
+    res.on('error', (error) => {
+      verifier.destroy(networkError(`${what} after ${verifier.bytesSeen} of ${desc.size} bytes`, error));
+    });
+    verifier.on('close', () => {
+      if (!res.complete) res.destroy();
+    });
+    res.pipe(verifier);
+    return verifier;
+  }
+
+  /** A whole blob in memory (config blobs), refused up front when larger than `maxBytes`. */
+  async getBlobBytes(
+    name: string,
+    desc: Pick<Descriptor, 'digest' | 'size'>,
+    maxBytes: number,
+    signal?: AbortSignal,
+  ): Promise<Buffer> {
+    if (desc.size > maxBytes) {
+      throw new RegistryError(
+        'invalid',
+        `blob ${desc.digest}: ${desc.size} bytes exceed the ${maxBytes}-byte cap`,
+      );
+    }
+    const stream = await this.getBlob(name, desc, signal);
+    const chunks: Buffer[] = [];
+    for await (const chunk of stream) chunks.push(chunk as Buffer);
+    return Buffer.concat(chunks);
+  }
+
+  /**
+   * Sends one request with auth (anonymous or cached credentials first; one retry after a 401
+   * challenge) and, when asked, redirects. The caller owns the response body.
+   */
+  async request(req: RegistryRequest): Promise<IncomingMessage> {
+    const actions = req.actions ?? ['pull'];
+    const url = new URL(req.path, this.#origin);
+    if (url.host !== this.base.host)
+      throw new RegistryError('invalid', `request URL ${url.href} is not on the registry host`);
+    const baseHeaders: Record<string, string> = { 'user-agent': `vk-cocoon/${VERSION}`, ...req.headers };
+    let authorization = await this.#authorization(req.repository, actions, req.signal);
+    let res: IncomingMessage;
+    for (let attempt = 0; ; attempt++) {
+      const headers = authorization ? { ...baseHeaders, authorization } : baseHeaders;
+      res = await this.#send(url, req.method, headers, req.signal, req.body);
+      if (res.statusCode !== 401) break;
+      const header = res.headers['www-authenticate'];
+      if (attempt > 0 || header === undefined) {
+        throw await this.#statusError(res, `${req.method} ${url.pathname}`, 'auth');
+      }
+      drain(res);
+      const challenges = parseWwwAuthenticate(header);
+      const challenge =
+        challenges.find((c) => c.scheme === 'bearer') ?? challenges.find((c) => c.scheme === 'basic');
+      if (!challenge) {
+        throw new RegistryError(
+          'auth',
+          `${req.method} ${url.pathname}: unsupported challenge ${JSON.stringify(header)}`,
+          {
+            status: 401,
+          },
+        );
+      }
+      this.#challenge = challenge;
+      this.#tokens.delete(this.#tokenKey(req.repository, actions)); // the one we sent (if any) was refused
+      authorization = await this.#authorization(req.repository, actions, req.signal);
+      if (!authorization) {
+        throw new RegistryError(
+          'auth',
+          `${req.method} ${url.pathname}: registry ${this.base.host} requires credentials and none are configured`,
+          {
+            status: 401,
+          },
+        );
+      }
+    }
+    if (!req.followRedirects) return res;
+    let current = url;
+    for (let hops = 0; REDIRECTS.has(res.statusCode ?? 0); hops++) {
+      const location = res.headers.location;
+      drain(res);
+      if (location === undefined)
+        throw new RegistryError('http', `${req.method} ${current.href}: redirect without Location`, {
+          status: res.statusCode,
+        });
+      if (hops >= MAX_REDIRECTS)
+        throw new RegistryError(
+          'http',
+          `${req.method} ${url.pathname}: more than ${MAX_REDIRECTS} redirects`,
+        );
+      const next = new URL(location, current);
+      if (next.protocol !== 'https:' && next.protocol !== 'http:') {
+        throw new RegistryError('http', `redirect to unsupported URL ${next.protocol}//${next.host}`);
+      }
+      if (next.protocol === 'http:' && this.base.scheme === 'https') {
+        throw new RegistryError('http', `redirect from HTTPS to plain HTTP (${next.host}) refused`);
+      }
+      // Never forward credentials to another host (registry.md §2).
+      const headers = { ...baseHeaders };
+      if (next.host === this.base.host && authorization) headers.authorization = authorization;
+      this.#log.debug({ from: current.host, to: next.host, status: res.statusCode }, 'following redirect');
+      current = next;
+      res = await this.#send(next, req.method === 'HEAD' ? 'HEAD' : 'GET', headers, req.signal, undefined);
+    }
+    return res;
+  }
+
+  async #fetchManifestDocument(
+    name: string,
+    ref: Reference,
+    signal: AbortSignal | undefined,
+  ): Promise<{ digest: string; bytes: Buffer; document: ManifestDocument } | 'absent'> {
+    const what = this.display(name, ref);
+    const res = await this.request({
+      method: 'GET',
+      repository: name,
+      path: manifestPath(name, ref),
+      headers: { accept: MANIFEST_ACCEPT },
+      signal,
+    });
+    if (res.statusCode === 404) {
+      drain(res);
+      return 'absent';
+    }
+    if (res.statusCode !== 200) throw await this.#statusError(res, `GET ${what}`);
+    let bytes: Buffer;
+    try {
+      bytes = await readBody(res, MAX_MANIFEST_BYTES, what);
+    } catch (error) {
+      throw networkError(`GET ${what}`, error);
+    }
+    const digest = `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
+    if (ref.kind === 'digest' && digest !== ref.value) {
+      throw new RegistryError('integrity', `${what}: manifest content hashes to ${digest}`);
+    }
+    const decoded = parseManifestDocument(bytes, String(res.headers['content-type'] ?? ''));
+    if (!decoded.ok) throw new RegistryError('invalid', `${what}: ${decoded.error}`);
+    return { digest, bytes, document: decoded.value };
+  }
+
+  #tokenKey(repository: string, actions: readonly string[]): string {
+    return `${repository}|${[...actions].sort().join(',')}`;
+  }
+
+  /** The Authorization header for a request, per the last challenge (none before any 401). */
+  async #authorization(
+    repository: string,
+    actions: readonly string[],
+    signal?: AbortSignal,
+  ): Promise<string | undefined> {
+    const challenge = this.#challenge;
+    if (!challenge) return undefined;
+    if (challenge.scheme === 'basic') {
+      const cred = await lookupCredential(this.#credentials, this.base.host);
+      return cred ? basicAuthorization(cred) : undefined;
+    }
+    return `Bearer ${await this.#token(challenge, repository, actions, signal)}`;
+  }
+
+  /** A cached or freshly fetched bearer token; concurrent fetches for one key are shared. */
+  async #token(
+    challenge: Challenge,
+    repository: string,
+    actions: readonly string[],
+    signal?: AbortSignal,
+  ): Promise<string> {
+    const key = this.#tokenKey(repository, actions);
+    const cached = this.#tokens.get(key);
+    if (cached && cached.expiresAt > Date.now()) return cached.token;
+    const running = this.#tokenFetches.get(key);
+    if (running) return await running;
+    const fetching = this.#fetchToken(challenge, repository, actions, signal).finally(() => {
+      this.#tokenFetches.delete(key);
+    });
+    this.#tokenFetches.set(key, fetching);
+    return await fetching;
+  }
+
+  async #fetchToken(
+    challenge: Challenge,
+    repository: string,
+    actions: readonly string[],
+    signal?: AbortSignal,
+  ): Promise<string> {
+    let url: URL;
+    try {
+      url = tokenUrl(challenge, repositoryScope(repository, actions));
+    } catch (error) {
+      throw new RegistryError('auth', `registry ${this.base.host}: ${(error as Error).message}`);
+    }
+    if (repository === '') url.searchParams.delete('scope');
+    if (url.protocol === 'http:' && this.base.scheme === 'https') {
+      throw new RegistryError('auth', `token realm ${url.host} is plain HTTP for an HTTPS registry; refused`);
+    }
+    const cred = await lookupCredential(this.#credentials, this.base.host);
+    const headers: Record<string, string> = {
+      'user-agent': `vk-cocoon/${VERSION}`,
+      accept: 'application/json',
+    };
+    if (cred) headers.authorization = basicAuthorization(cred);
+    const res = await this.#send(url, 'GET', headers, signal, undefined);
+    if (res.statusCode !== 200)
+      throw await this.#statusError(res, `token from ${url.host}${url.pathname}`, 'auth');
+    let token: string;
+    let expiresInSeconds: number;
+    try {
+      ({ token, expiresInSeconds } = parseTokenResponse(
+        (await readBody(res, MAX_TOKEN_BODY, 'token')).toString('utf8'),
+      ));
+    } catch (error) {
+      if (error instanceof RegistryError) throw error;
+      throw new RegistryError('auth', `token from ${url.host}${url.pathname}: ${(error as Error).message}`);
+    }
+    this.#tokens.set(this.#tokenKey(repository, actions), {
+      token,
+      expiresAt: tokenExpiresAt(Date.now(), expiresInSeconds),
+    });
+    this.#log.debug(
+      { repository, actions, expiresInSeconds, authenticated: cred !== undefined },
+      'registry token',
+    );
+    return token;
+  }
+
+  /** One HTTP/1.1 exchange; resolves with the response head. */
+  #send(
+    url: URL,
+    method: string,
+    headers: Readonly<Record<string, string>>,
+    signal: AbortSignal | undefined,
+    body: Buffer | undefined,
+  ): Promise<IncomingMessage> {
+    const what = `${method} ${url.host}${url.pathname}`;
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(networkError(what, signal.reason ?? new Error('aborted')));
+        return;
+      }
+      const isHttps = url.protocol === 'https:';
+      const options: http.RequestOptions = {
+        method,
+        headers: body ? { ...headers, 'content-length': String(body.length) } : headers,
+        agent: isHttps ? this.#httpsAgent : this.#httpAgent,
+        signal,
+      };
+      const req = (isHttps ? https : http).request(url, options, resolve);
+      req.setTimeout(this.#idleTimeoutMs, () => {
+        req.destroy(new RegistryError('network', `${what}: no data for ${this.#idleTimeoutMs} ms`));
+      });
+      req.on('error', (error) => reject(networkError(what, error)));
+      req.end(body);
+    });
+  }
+
+  async #statusError(res: IncomingMessage, what: string, kind?: RegistryErrorKind): Promise<RegistryError> {
+    const status = res.statusCode ?? 0;
+    let detail: { code?: string; text: string } = { text: '' };
+    try {
+      detail = describeErrorBody(await readBody(res, MAX_ERROR_BODY, what));
+    } catch {
+      res.destroy();
+    }
+    const k: RegistryErrorKind = kind ?? (status === 401 || status === 403 ? 'auth' : 'http');
+    const message = `${what}: HTTP ${status}${detail.text ? ` (${detail.text})` : ''}`;
+    return new RegistryError(k, message, { status, code: detail.code });
+  }
+}
+
+/**
+ * The client of a configured registry, or `undefined` without `OCI_REGISTRY` (clone-source
+ * pulls are then disabled, registry.md §1).
+ */
+export function registryFromConfig(
+  config: { readonly ociRegistry: string | undefined; readonly registryPlainHttp: boolean },
+  log?: Logger,
+): RegistryClient | undefined {
+  if (config.ociRegistry === undefined) return undefined;
+  return new RegistryClient({ base: config.ociRegistry, plainHttp: config.registryPlainHttp, log });
+}

@@ -1,0 +1,632 @@
+/**
+ * Snapshot pull (registry.md §5; pod-to-vm.md §2.3 step 3): a snapshot artifact streamed from
+ * the registry into `cocoon snapshot import`.
+ *
+ * 1. GET the manifest (index resolved), classify, require a v1 snapshot; GET and validate the
+ *    config — all before anything is streamed.
+ * 2. `snapshot rm <local>` (idempotency), then `snapshot import --name <local>
+ *    [--description <d>]` with a tar on stdin: `snapshot.json` first, then one entry per layer
+ *    in manifest order, each blob hashed while it streams.
+ * 3. Close stdin, wait for exit 0, `snapshot inspect <local>`.
+ *
+ * The head layer streams straight from the registry into the tar (backpressure from cocoon);
+ * later layers that fit in the `SNAPSHOT_PULL_BUDGET_MIB` read-ahead budget download in
+ * parallel (`SNAPSHOT_TRANSFER_CONCURRENCY`) into memory. Any error kills the import and
+ * removes whatever it left behind (`snapshot rm <local>`).
+ */
+import { Readable } from 'node:stream';
+import tar, { type Header, type Pack } from 'tar-stream';
+import { snapshotImportArgv, snapshotInspectArgv, snapshotRemoveArgv } from '../cocoon/argv.ts';
+import { parseSnapshotRecord, type SnapshotRecord } from '../cocoon/records.ts';
+import { type CocoonCli, CocoonCommandError } from '../cocoon/runner.ts';
+import { type Logger, silentLogger } from '../log.ts';
+import { Singleflight } from '../util/singleflight.ts';
+import { localSnapshotName, splitCloneImage } from '../vmspec/snapshot-name.ts';
+import {
+  ENVELOPE_MODE,
+  MAX_CONFIG_BYTES,
+  nextReadAhead,
+  parseSnapshotConfig,
+  planTarEntries,
+  snapshotEnvelope,
+  type TarLayerEntry,
+  validateSnapshotManifest,
+} from './artifact.ts';
+import type { RegistryClient } from './client.ts';
+import { parseReference } from './reference.ts';
+
+const MiB = 1024 * 1024;
+/** Default read-ahead budget (`SNAPSHOT_PULL_BUDGET_MIB`). */
+export const DEFAULT_PULL_BUDGET_MIB = 2048;
+/** Default parallel blob downloads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
+export const DEFAULT_TRANSFER_CONCURRENCY = 8;
+/** Own cap of one pull (pod-to-vm.md §2.3 step 3). */
+export const PULL_CAP_MS = 30 * 60 * 1000;
+/** Deadline of the short cocoon calls around the import (rm, inspect). */
+const SHORT_CALL_MS = 60_000;
+/** `snapshot rm` of a leased snapshot is retried this long, this often (cocoon-cli.md §5). */
+const LEASED_RETRY_MS = 30_000;
+const LEASED_RETRY_EVERY_MS = 500;
+
+/** A pull that failed; `absent` when the registry has no such manifest. */
+export class SnapshotPullError extends Error {
+  override readonly name = 'SnapshotPullError';
+  readonly absent: boolean;
+
+  constructor(message: string, opts: { absent?: boolean; cause?: unknown } = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.absent = opts.absent ?? false;
+  }
+}
+
+export interface PullSnapshotOptions {
+  readonly registry: RegistryClient;
+  readonly cli: CocoonCli;
+  /** Registry-relative repository (resolved under the `OCI_REGISTRY` path). */
+  readonly repo: string;
+  /** Tag, or a `sha256:` digest. */
+  readonly tag: string;
+  /** Local cocoon snapshot name to import into. */
+  readonly localName: string;
+  readonly signal?: AbortSignal;
+  readonly log?: Logger;
+  /** Read-ahead budget in MiB (default 2048). */
+  readonly budgetMiB?: number;
+  /** Parallel blob downloads (default 8). */
+  readonly concurrency?: number;
+  /** Deadline of the `snapshot import` child (default 30 min). */
+  readonly importTimeoutMs?: number;
+  /** Progress log cadence (default 5 s). */
+  readonly progressIntervalMs?: number;
+}
+
+/** Pulls one snapshot into `localName`; resolves with its `snapshot inspect` record. */
+export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotRecord> {
+  const { registry, cli, localName } = opts;
+  const name = registry.repository(opts.repo);
+  const ref = parseReference(opts.tag);
+  const display = registry.display(name, ref);
+  const log = (opts.log ?? silentLogger).child({ snapshot: localName, ref: display });
+  const fail = (message: string, extra: { absent?: boolean; cause?: unknown } = {}) =>
+    new SnapshotPullError(`pull snapshot ${display} into ${localName}: ${message}`, extra);
+  const started = performance.now();
+
+  // 1. Manifest and config, validated before anything streams (registry.md §4.3).
+  const fetched = await registry.getManifest(name, ref, opts.signal).catch((error: unknown) => {
+    throw fail((error as Error).message, { cause: error });
+  });
+  if (fetched === 'absent') throw fail('not found in the registry', { absent: true });
+  const manifest = validateSnapshotManifest(fetched.document);
+  if (!manifest.ok) throw fail(manifest.error);
+  if (manifest.value.version !== 1) {
+    throw fail(`snapshot format v${manifest.value.version} is not supported by this reader (v1 only)`);
+  }
+  const configBytes = await registry
+    .getBlobBytes(name, manifest.value.config, MAX_CONFIG_BYTES, opts.signal)
+    .catch((error: unknown) => {
+      throw fail(`config: ${(error as Error).message}`, { cause: error });
+    });
+  const config = parseSnapshotConfig(configBytes, manifest.value);
+  if (!config.ok) throw fail(config.error);
+  const entries = planTarEntries(manifest.value, config.value);
+  if (!entries.ok) throw fail(entries.error);
+  const envelope = Buffer.from(JSON.stringify(snapshotEnvelope(config.value, localName)));
+  const total = entries.value.reduce((sum, e) => sum + e.size, 0);
+  log.info(
+    {
+      digest: fetched.digest,
+      snapshotId: config.value.snapshotId,
+      layers: entries.value.length,
+      totalBytes: total,
+    },
+    'snapshot pull: starting import',
+  );
+
+  // 2. Import. From here on any failure removes the partial snapshot.
+  await removeSnapshot(cli, localName, opts.signal).catch((error: unknown) => {
+    throw fail(`snapshot rm before import: ${(error as Error).message}`, { cause: error });
+  });
+  const abort = new AbortController();
+  const signal = opts.signal ? AbortSignal.any([abort.signal, opts.signal]) : abort.signal;
+  let firstError: unknown;
+  const failWith = (error: unknown) => {
+    if (firstError === undefined) firstError = error;
+    abort.abort(error);
+  };
+  const progress = new Progress(total);
+  const timer = setInterval(() => progress.log(log), opts.progressIntervalMs ?? 5000);
+  timer.unref();
+  const pack = tar.pack();
+  // cocoon's stdin: the tar as a Node stream. Its errors (the pack destroyed on failure) are
+  // the producer's and are reported from there.
+  const stdin = Readable.from(pack, { objectMode: false });
+  stdin.on('error', () => {});
+  const importing = cli
+    .run(snapshotImportArgv(localName, config.value.description), {
+      timeoutMs: opts.importTimeoutMs ?? PULL_CAP_MS,
+      signal,
+      stdin,
+    })
+    .catch((error: unknown) => {
+      failWith(error);
+      throw error;
+    });
+  const readAhead = new ReadAhead({
+    entries: entries.value,
+    fetch: (entry) => registry.getBlob(name, entry.layer, signal),
+    budgetBytes: Math.max(0, opts.budgetMiB ?? DEFAULT_PULL_BUDGET_MIB) * MiB,
+    concurrency: Math.max(1, opts.concurrency ?? DEFAULT_TRANSFER_CONCURRENCY),
+    onError: failWith,
+    progress,
+  });
+  const producing = writeImportTar(pack, envelope, entries.value, readAhead, progress, signal).catch(
+    (error: unknown) => {
+      failWith(error);
+      pack.destroy(error as Error);
+      throw error;
+    },
+  );
+  const results = await Promise.allSettled([producing, importing]);
+  clearInterval(timer);
+  if (results.some((r) => r.status === 'rejected')) {
+    const cause =
+      firstError ?? (results.find((r) => r.status === 'rejected') as PromiseRejectedResult).reason;
+    log.warn(
+      { err: (cause as Error).message, ...progress.fields() },
+      'snapshot pull failed; removing the partial snapshot',
+    );
+    // The child has exited (run settles on close); remove whatever it left. Not bound to the
+    // pull's signal: cleanup must also run when the pull was aborted or hit its cap.
+    await removeSnapshot(cli, localName, undefined).catch((error: unknown) => {
+      log.warn({ err: (error as Error).message }, 'snapshot pull: cleanup failed');
+    });
+    throw fail(describeCause(cause, opts.signal), { cause });
+  }
+
+  // 3. The imported record.
+  const record = await inspectSnapshot(cli, localName, opts.signal).catch((error: unknown) => {
+    throw fail(`snapshot inspect after import: ${(error as Error).message}`, { cause: error });
+  });
+  if (!record) throw fail('snapshot inspect after import: not found');
+  if (record.id !== config.value.snapshotId) {
+    log.warn(
+      { id: record.id, snapshotId: config.value.snapshotId },
+      'imported snapshot id differs from the artifact snapshotId',
+    );
+  }
+  const seconds = (performance.now() - started) / 1000;
+  log.info(
+    {
+      id: record.id,
+      totalBytes: total,
+      seconds: Math.round(seconds * 10) / 10,
+      mibPerSecond: rate(total, seconds),
+    },
+    'snapshot pull: done',
+  );
+  return record;
+}
+
+function rate(bytes: number, seconds: number): number {
+  return seconds > 0 ? Math.round((bytes / MiB / seconds) * 10) / 10 : 0;
+}
+
+function describeCause(cause: unknown, outer: AbortSignal | undefined): string {
+  if (outer?.aborted && outer.reason instanceof Error && cause instanceof CocoonCommandError) {
+    // The import was killed because the caller aborted: say why.
+    return `${outer.reason.message} (${cause.message})`;
+  }
+  return (cause as Error)?.message ?? String(cause);
+}
+
+// --- cocoon calls -------------------------------------------------------------------------
+
+/** `snapshot rm <name>`: not found is success; a lease is retried ≤ 30 s, 500 ms apart. */
+async function removeSnapshot(cli: CocoonCli, name: string, signal: AbortSignal | undefined): Promise<void> {
+  const deadline = Date.now() + LEASED_RETRY_MS;
+  for (;;) {
+    try {
+      await cli.run(snapshotRemoveArgv(name), { timeoutMs: SHORT_CALL_MS, signal });
+      return;
+    } catch (error) {
+      if (!(error instanceof CocoonCommandError)) throw error;
+      if (error.errorClass === 'snapshot_not_found') return;
+      if (error.errorClass !== 'snapshot_leased' || Date.now() >= deadline) throw error;
+    }
+    await new Promise((resolve) => setTimeout(resolve, LEASED_RETRY_EVERY_MS));
+    signal?.throwIfAborted();
+  }
+}
+
+/** `snapshot inspect <name>`: the record, or `undefined` when cocoon says it does not exist. */
+export async function inspectSnapshot(
+  cli: CocoonCli,
+  name: string,
+  signal: AbortSignal | undefined,
+): Promise<SnapshotRecord | undefined> {
+  let stdout: string;
+  try {
+    ({ stdout } = await cli.run(snapshotInspectArgv(name), { timeoutMs: SHORT_CALL_MS, signal }));
+  } catch (error) {
+    if (error instanceof CocoonCommandError && error.errorClass === 'snapshot_not_found') return undefined;
+    throw error;
+  }
+  const record = parseSnapshotRecord(stdout);
+  if (!record.ok) throw new Error(record.error);
+  return record.value;
+}
+
+// --- The tar --------------------------------------------------------------------------------
+
+/** A tar entry header; tar-stream writes `pax` as PAX extended records. */
+type EntryHeader = Partial<Header> & Pick<Header, 'name'> & { pax?: Record<string, string> };
+/** The writable body of one tar entry (a streamx Writable). */
+type EntrySink = ReturnType<Pack['entry']>;
+
+/** Writes a chunk; waits until `w` can take more, or fails when it closes or the pull aborts. */
+function writeChunk(w: EntrySink, chunk: Buffer, signal: AbortSignal): Promise<void> {
+  if (w.write(chunk)) return Promise.resolve();
+  return new Promise((resolve, reject) => {
+    const done = (error?: unknown) => {
+      w.off('drain', onDrain);
+      w.off('close', onClose);
+      signal.removeEventListener('abort', onAbort);
+      if (error === undefined) resolve();
+      else reject(error);
+    };
+    const onDrain = () => done();
+    const onClose = () => done(new Error('tar stream closed'));
+    const onAbort = () => done(signal.reason);
+    w.on('drain', onDrain);
+    w.on('close', onClose);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+async function writeEntry(
+  pack: Pack,
+  header: EntryHeader,
+  body: AsyncIterable<Buffer>,
+  signal: AbortSignal,
+  onBytes: (n: number) => void,
+): Promise<void> {
+  let sink!: EntrySink;
+  const finished = new Promise<void>((resolve, reject) => {
+    sink = pack.entry(header, (error) => (error ? reject(error) : resolve()));
+  });
+  finished.catch(() => {}); // observed below; avoid an unhandled rejection while writing
+  for await (const chunk of body) {
+    signal.throwIfAborted();
+    await writeChunk(sink, chunk, signal);
+    onBytes(chunk.length);
+  }
+  sink.end(undefined);
+  await finished;
+}
+
+async function* once(buffer: Buffer): AsyncIterable<Buffer> {
+  yield buffer;
+}
+
+/** snapshot.json, then every layer in manifest order; finalizes the tar. */
+async function writeImportTar(
+  pack: Pack,
+  envelope: Buffer,
+  entries: readonly TarLayerEntry[],
+  readAhead: ReadAhead,
+  progress: Progress,
+  signal: AbortSignal,
+): Promise<void> {
+  const mtime = new Date();
+  await writeEntry(
+    pack,
+    { name: 'snapshot.json', mode: ENVELOPE_MODE, size: envelope.length, mtime },
+    once(envelope),
+    signal,
+    () => {},
+  );
+  for (const [i, entry] of entries.entries()) {
+    signal.throwIfAborted();
+    const header: EntryHeader = { name: entry.name, mode: entry.mode, size: entry.size, mtime, type: 'file' };
+    if (entry.pax) header.pax = { ...entry.pax };
+    progress.current = entry.name;
+    await writeEntry(pack, header, readAhead.take(i), signal, (n) => progress.wrote(n));
+  }
+  pack.finalize();
+}
+
+// --- Read-ahead ---------------------------------------------------------------------------
+
+/** A blob downloading into memory; iterated (once) by the tar writer. */
+class BufferedBlob {
+  readonly #chunks: Buffer[] = [];
+  #done = false;
+  #error: unknown;
+  #wake: (() => void) | undefined;
+
+  push(chunk: Buffer): void {
+    this.#chunks.push(chunk);
+    this.#notify();
+  }
+
+  end(error?: unknown): void {
+    this.#done = true;
+    this.#error = error;
+    this.#notify();
+  }
+
+  #notify(): void {
+    const wake = this.#wake;
+    this.#wake = undefined;
+    wake?.();
+  }
+
+  async *drain(onChunk: (n: number) => void): AsyncIterable<Buffer> {
+    for (;;) {
+      const chunk = this.#chunks.shift();
+      if (chunk) {
+        onChunk(chunk.length);
+        yield chunk;
+        continue;
+      }
+      if (this.#error !== undefined) throw this.#error;
+      if (this.#done) return;
+      await new Promise<void>((resolve) => {
+        this.#wake = resolve;
+      });
+    }
+  }
+}
+
+interface ReadAheadOptions {
+  readonly entries: readonly TarLayerEntry[];
+  readonly fetch: (entry: TarLayerEntry) => Promise<Readable>;
+  readonly budgetBytes: number;
+  readonly concurrency: number;
+  /** A read-ahead download failed: abort the pull now, not when its turn comes. */
+  readonly onError: (error: unknown) => void;
+  readonly progress: Progress;
+}
+
+/**
+ * Schedules blob downloads (registry.md §5 step 4): the head layer streams; later layers are
+ * read ahead into memory while their full size fits in the free budget ({@link nextReadAhead}).
+ * The budget is reserved at start and released as the tar writer consumes the bytes.
+ */
+class ReadAhead {
+  readonly #o: ReadAheadOptions;
+  readonly #sizes: number[];
+  readonly #started = new Set<number>();
+  readonly #buffers = new Map<number, BufferedBlob>();
+  #head = -1;
+  #inFlight = 0;
+  #reserved = 0;
+
+  constructor(o: ReadAheadOptions) {
+    this.#o = o;
+    this.#sizes = o.entries.map((e) => e.size);
+  }
+
+  /** The bytes of layer `i`, which becomes the head. */
+  async *take(i: number): AsyncIterable<Buffer> {
+    this.#head = i;
+    const buffered = this.#buffers.get(i);
+    if (buffered) {
+      this.#buffers.delete(i);
+      this.#schedule();
+      yield* buffered.drain((n) => {
+        this.#reserved -= n;
+        this.#schedule();
+      });
+      return;
+    }
+    this.#started.add(i);
+    this.#inFlight++;
+    this.#schedule();
+    try {
+      const stream = await this.#o.fetch(this.#o.entries[i]!);
+      for await (const chunk of stream) {
+        this.#o.progress.downloaded(chunk.length);
+        yield chunk as Buffer;
+      }
+    } finally {
+      this.#inFlight--;
+      this.#schedule();
+    }
+  }
+
+  get bufferedBytes(): number {
+    return this.#reserved;
+  }
+
+  #schedule(): void {
+    for (;;) {
+      const next = nextReadAhead({
+        head: this.#head,
+        sizes: this.#sizes,
+        started: this.#started,
+        inFlight: this.#inFlight,
+        concurrency: this.#o.concurrency,
+        freeBudget: this.#o.budgetBytes - this.#reserved,
+      });
+      if (next === undefined) return;
+      this.#start(next);
+    }
+  }
+
+  #start(i: number): void {
+    const size = this.#sizes[i]!;
+    const blob = new BufferedBlob();
+    this.#started.add(i);
+    this.#buffers.set(i, blob);
+    this.#inFlight++;
+    this.#reserved += size;
+    void (async () => {
+      try {
+        const stream = await this.#o.fetch(this.#o.entries[i]!);
+        for await (const chunk of stream) {
+          this.#o.progress.downloaded((chunk as Buffer).length);
+          blob.push(chunk as Buffer);
+        }
+        blob.end();
+      } catch (error) {
+        blob.end(error);
+        this.#o.onError(error);
+      } finally {
+        this.#inFlight--;
+        this.#schedule();
+      }
+    })();
+  }
+}
+
+// --- Progress -----------------------------------------------------------------------------
+
+class Progress {
+  readonly #total: number;
+  readonly #started = performance.now();
+  #written = 0;
+  #downloaded = 0;
+  current = 'snapshot.json';
+
+  constructor(total: number) {
+    this.#total = total;
+  }
+
+  wrote(n: number): void {
+    this.#written += n;
+  }
+
+  downloaded(n: number): void {
+    this.#downloaded += n;
+  }
+
+  fields(): Record<string, unknown> {
+    const seconds = (performance.now() - this.#started) / 1000;
+    return {
+      bytes: this.#written,
+      totalBytes: this.#total,
+      percent: this.#total > 0 ? Math.floor((this.#written / this.#total) * 1000) / 10 : 100,
+      downloadedBytes: this.#downloaded,
+      file: this.current,
+      mibPerSecond: rate(this.#written, seconds),
+    };
+  }
+
+  log(log: Logger): void {
+    log.info(this.fields(), 'snapshot pull: progress');
+  }
+}
+
+// --- De-duplicated pulls --------------------------------------------------------------------
+
+export interface SnapshotPullerOptions {
+  /** `undefined` without `OCI_REGISTRY`: a missing snapshot is then an error. */
+  readonly registry: RegistryClient | undefined;
+  readonly cli: CocoonCli;
+  readonly log?: Logger;
+  /** `SNAPSHOT_PULL_BUDGET_MIB`. */
+  readonly budgetMiB?: number;
+  /** `SNAPSHOT_TRANSFER_CONCURRENCY`. */
+  readonly concurrency?: number;
+  /** Cap of one pull (default 30 min). */
+  readonly capMs?: number;
+  /** Provider lifetime: shutdown aborts pulls in flight. */
+  readonly lifetime?: AbortSignal;
+  readonly progressIntervalMs?: number;
+  /** Metrics hook: `cocoon_vk_snapshot_pull_total{result}` and `..._duration_seconds`. */
+  readonly onPullDone?: (result: 'ok' | 'failed', seconds: number) => void;
+}
+
+/**
+ * Ensures clone-source snapshots are present (pod-to-vm.md §2.3 step 3): inspect the local
+ * name; when missing, pull `<OCI_REGISTRY>/<repo>:<tag>` into it. Pulls are de-duplicated per
+ * local name — callers arriving while one runs share it, and the pull itself re-checks the
+ * local name first. A pull is not bound to any caller's signal (the caller's signal only stops
+ * that caller's wait); it has its own 30-minute cap and ends at provider shutdown.
+ */
+export class SnapshotPuller {
+  readonly #o: SnapshotPullerOptions;
+  readonly #log: Logger;
+  readonly #flight = new Singleflight<SnapshotRecord>();
+
+  constructor(opts: SnapshotPullerOptions) {
+    this.#o = opts;
+    this.#log = (opts.log ?? silentLogger).child({ module: 'snapshot-pull' });
+  }
+
+  /** The local snapshot of a clone image `repo[:tag]`, pulled first if missing. */
+  async ensure(image: string, opts: { signal?: AbortSignal; log?: Logger } = {}): Promise<SnapshotRecord> {
+    const local = localSnapshotName(image);
+    const existing = await inspectSnapshot(this.#o.cli, local, opts.signal);
+    if (existing) return existing;
+    const registry = this.#o.registry;
+    if (!registry) throw new Error(`snapshot ${local} not found locally and no registry configured`);
+    const { repo, tag } = splitCloneImage(image);
+    const pulling = this.#flight.do(local, async () => {
+      const again = await inspectSnapshot(this.#o.cli, local, this.#o.lifetime);
+      if (again) return again;
+      return await this.#pull(registry, repo, tag, local, opts.log ?? this.#log);
+    });
+    return await untilAborted(pulling, opts.signal);
+  }
+
+  async #pull(
+    registry: RegistryClient,
+    repo: string,
+    tag: string,
+    local: string,
+    log: Logger,
+  ): Promise<SnapshotRecord> {
+    const capMs = this.#o.capMs ?? PULL_CAP_MS;
+    const cap = AbortSignal.timeout(capMs);
+    const signal = this.#o.lifetime ? AbortSignal.any([cap, this.#o.lifetime]) : cap;
+    const started = performance.now();
+    try {
+      const record = await pullSnapshot({
+        registry,
+        cli: this.#o.cli,
+        repo,
+        tag,
+        localName: local,
+        signal,
+        log,
+        budgetMiB: this.#o.budgetMiB,
+        concurrency: this.#o.concurrency,
+        importTimeoutMs: capMs,
+        progressIntervalMs: this.#o.progressIntervalMs,
+      });
+      this.#o.onPullDone?.('ok', (performance.now() - started) / 1000);
+      return record;
+    } catch (error) {
+      this.#o.onPullDone?.('failed', (performance.now() - started) / 1000);
+      if (cap.aborted && !this.#o.lifetime?.aborted) {
+        const limit = capMs % 60_000 === 0 ? `${capMs / 60_000} min` : `${capMs} ms`;
+        throw new SnapshotPullError(`snapshot pull of ${repo}:${tag} into ${local} exceeded its ${limit} cap`, {
+          cause: error,
+        });
+      }
+      throw error;
+    }
+  }
+}
+
+/** `p`, or the signal's reason once it aborts (the work behind `p` goes on). */
+function untilAborted<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
+  if (!signal) return p;
+  if (signal.aborted) return Promise.reject(signal.reason);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason);
+    signal.addEventListener('abort', onAbort, { once: true });
+    p.then(
+      (v) => {
+        signal.removeEventListener('abort', onAbort);
+        resolve(v);
+      },
+      (e: unknown) => {
+        signal.removeEventListener('abort', onAbort);
+        reject(e);
+      },
+    );
+  });
+}

@@ -1,0 +1,53 @@
+// Feeds the per-VM `cocoon_vk_vm_*` and node `cocoon_vk_node_*` families from the shared stats
+// sample at scrape time (pod-to-vm.md §11).
+import type { Metrics, NodeMetrics, VmLabel, VmMetrics } from '../metrics/registry.ts';
+import type { Sample } from './types.ts';
+
+/**
+ * Replaces the sampled families' values with those of `sample`. Families are reset first, so
+ * VMs that are no longer tracked disappear from the next scrape. The cumulative families are
+ * Prometheus counters whose value is the kernel's counter (a restarted VM resets it, which
+ * Prometheus handles as a counter reset).
+ */
+export function applySample(m: { vm: VmMetrics; node: NodeMetrics }, sample: Sample): void {
+  const v = m.vm;
+  for (const c of [
+    v.cpuSeconds,
+    v.cpuThrottledSeconds,
+    v.cpuThrottledPeriods,
+    v.networkRxBytes,
+    v.networkTxBytes,
+  ]) {
+    c.reset();
+  }
+  v.memoryRssBytes.reset();
+  v.diskCowBytes.reset();
+  for (const s of sample.vms) {
+    const labels: Record<VmLabel, string> = {
+      vm: s.vm.vmName,
+      pod: s.vm.pod,
+      namespace: s.vm.namespace,
+      backend: s.vm.backend,
+    };
+    v.cpuSeconds.inc(labels, s.cpuUsageUsec / 1e6);
+    v.cpuThrottledSeconds.inc(labels, s.throttledUsec / 1e6);
+    v.cpuThrottledPeriods.inc(labels, s.throttledPeriods);
+    v.memoryRssBytes.set(labels, s.rssBytes);
+    v.diskCowBytes.set(labels, s.cowBytes);
+    v.networkRxBytes.inc(labels, s.rxBytes);
+    v.networkTxBytes.inc(labels, s.txBytes);
+  }
+  const n = m.node;
+  n.cpuSeconds.reset();
+  n.cpuSeconds.inc(sample.node.cpuUsageUsec / 1e6);
+  n.memoryUsedBytes.set(sample.node.memoryUsedBytes);
+  n.storageAvailableBytes.set(sample.node.storageAvailableBytes);
+  n.storageTotalBytes.set(sample.node.storageTotalBytes);
+}
+
+/** Installs the collect hook: every scrape of `metrics` uses `sampler`'s shared sample. */
+export function attachSampler(metrics: Metrics, sampler: { sample(): Promise<Sample> }): void {
+  metrics.setCollectHook(async () => {
+    applySample(metrics, await sampler.sample());
+  });
+}

@@ -1,0 +1,222 @@
+// The virtual node against the real kube-apiserver: node registration and heartbeat, pods
+// to VMs through the simulator, kubectl logs/exec through the apiserver (WebSocket proxied
+// straight to us, and SPDY when the node does not declare ExtendWebSocketsToKubelet),
+// graceful deletion, kubelet API authentication.
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { request } from 'node:https';
+import { join } from 'node:path';
+import { before, describe, test } from 'node:test';
+import { kubectl } from '../ground/cluster.ts';
+import { adminClients, podReady, vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
+import { run, waitFor } from '../ground/proc.ts';
+import { useWorld, type World } from '../ground/world.ts';
+
+const SNAPSHOT = 'acme/agent';
+const world = useWorld();
+let w: World;
+
+before(async () => {
+  w = await world();
+  await w.sim(['fixture', 'snapshot', SNAPSHOT, '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04']);
+});
+
+function annotations(vmName: string): Record<string, string> {
+  return {
+    'vm.cocoonstack.io/name': vmName,
+    'cocoonset.cocoonstack.io/image': SNAPSHOT,
+    'cocoonset.cocoonstack.io/managed': 'true',
+  };
+}
+
+async function simVms(): Promise<{ id: string; config: { name: string }; state: string }[]> {
+  const out = (await w.sim(['vm', 'list', '-o', 'json'])).trim();
+  return out.startsWith('[') ? JSON.parse(out) : [];
+}
+
+function kubeletGet(
+  path: string,
+  opts: { token?: string; cert?: string; key?: string } = {},
+): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = request(
+      {
+        host: '127.0.0.1',
+        port: w.daemon.kubeletPort,
+        path,
+        method: 'GET',
+        rejectUnauthorized: false,
+        headers: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
+        cert: opts.cert ? readFileSync(opts.cert) : undefined,
+        key: opts.key ? readFileSync(opts.key) : undefined,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString() }));
+      },
+    );
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+describe('node', () => {
+  test('registers Ready with labels, taint, addresses and the daemon endpoint', async (t) => {
+    const node = await w.core.readNode({ name: w.nodeName });
+    const ready = node.status?.conditions?.find((c) => c.type === 'Ready');
+    assert.equal(ready?.status, 'True');
+    assert.equal(ready?.reason, 'KubeletReady');
+    assert.equal(node.metadata?.labels?.type, 'virtual-kubelet');
+    assert.equal(node.metadata?.labels?.['cocoonstack.io/pool'], 'default');
+    assert.ok(node.spec?.taints?.some((x) => x.key === 'virtual-kubelet.io/provider' && x.value === 'cocoon' && x.effect === 'NoSchedule'));
+    assert.equal(node.status?.addresses?.[0]?.type, 'InternalIP');
+    assert.equal(node.status?.addresses?.[0]?.address, '127.0.0.1');
+    assert.equal(node.status?.daemonEndpoints?.kubeletEndpoint?.Port, w.daemon.kubeletPort);
+    assert.deepEqual([...(node.status?.declaredFeatures ?? [])], ['ExtendWebSocketsToKubelet']);
+    const cap = node.status?.capacity ?? {};
+    assert.equal(cap.pods, '256');
+    // allocatable withholds 20 % of CPU
+    const cpuCap = Number(cap.cpu) * 1000;
+    assert.equal(node.status?.allocatable?.cpu, `${(cpuCap * 80) / 100}m`);
+    t.diagnostic(`node created at ${node.metadata?.creationTimestamp?.toISOString()}`);
+  });
+
+  test('the Lease is owned by the node and its renewTime advances', async () => {
+    const { coordination } = adminClients(w.ground.cluster);
+    const first = await coordination.readNamespacedLease({ name: w.nodeName, namespace: 'kube-node-lease' });
+    assert.equal(first.spec?.leaseDurationSeconds, 40);
+    assert.equal(first.metadata?.ownerReferences?.[0]?.kind, 'Node');
+    const renewed = (l: typeof first) => new Date(String(l.spec?.renewTime ?? 0)).getTime();
+    const t1 = renewed(first);
+    await waitFor(
+      'lease renewTime to advance',
+      async () => {
+        const l = await coordination.readNamespacedLease({ name: w.nodeName, namespace: 'kube-node-lease' });
+        return renewed(l) > t1;
+      },
+      25_000,
+      500,
+    );
+  });
+
+  test('a deleted node comes back', async () => {
+    const before = await w.core.readNode({ name: w.nodeName });
+    await w.core.deleteNode({ name: w.nodeName });
+    await waitFor(
+      'node to be re-created',
+      async () => {
+        try {
+          const n = await w.core.readNode({ name: w.nodeName });
+          return n.metadata?.uid !== before.metadata?.uid && n.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
+        } catch {
+          return false;
+        }
+      },
+      20_000,
+      200,
+    );
+  });
+});
+
+describe('pods', () => {
+  test('a VM pod reaches Running, serves kubectl logs and exec, and is deleted with its VM', async () => {
+    const ns = w.namespace;
+    await w.core.createNamespacedPod({ namespace: ns, body: vmPod('agent-0', w.nodeName, annotations('vk-it-agent-0')) });
+    const pod = await waitForPod(w.core, ns, 'agent-0', 'Running and Ready', (p) => p.status?.phase === 'Running' && podReady(p));
+    assert.match(pod.status?.podIP ?? '', /^172\.20\.100\.\d+$/);
+    const vms = await simVms();
+    const vm = vms.find((v) => v.config.name === 'vk-it-agent-0');
+    assert.ok(vm, 'the simulator holds the VM');
+    assert.equal(pod.metadata?.annotations?.['vm.cocoonstack.io/id'], vm.id);
+
+    const logs = await kubectl(w.ground.cluster, ['-n', ns, 'logs', 'agent-0']);
+    assert.match(logs, /vk-it-agent-0/);
+    const hi = await kubectl(w.ground.cluster, ['-n', ns, 'exec', 'agent-0', '--', 'echo', 'hi']);
+    assert.equal(hi, 'hi\n');
+    const echoed = await kubectl(w.ground.cluster, ['-n', ns, 'exec', '-i', 'agent-0', '--', 'cat'], 'from stdin\n');
+    assert.equal(echoed, 'from stdin\n');
+    await assert.rejects(kubectl(w.ground.cluster, ['-n', ns, 'exec', 'agent-0', '--', 'false']), /exited 1/);
+
+    await kubectl(w.ground.cluster, ['-n', ns, 'delete', 'pod', 'agent-0', '--wait=true', '--timeout=30s']);
+    await waitForPodGone(w.core, ns, 'agent-0');
+    assert.equal((await simVms()).some((v) => v.config.name === 'vk-it-agent-0'), false, 'VM removed');
+  });
+
+  test('the kubelet API rejects anonymous, wrong-CA and unauthorized callers and serves the apiserver', async () => {
+    const pki = join(w.ground.cluster.dir, 'pki');
+    assert.equal((await kubeletGet('/pods')).status, 401, 'anonymous');
+    assert.equal(
+      (await kubeletGet('/pods', { cert: join(pki, 'rogue-client.crt'), key: join(pki, 'rogue-client.key') })).status,
+      401,
+      'client certificate from an untrusted CA',
+    );
+    assert.equal((await kubeletGet('/pods', { token: 'not-a-token' })).status, 401, 'unknown token');
+    assert.equal((await kubeletGet('/pods', { token: w.ground.cluster.tokens.nobody })).status, 403, 'authenticated but not authorized');
+    const viaCert = await kubeletGet('/pods', { cert: join(pki, 'kubelet-client.crt'), key: join(pki, 'kubelet-client.key') });
+    assert.equal(viaCert.status, 200, 'the apiserver kubelet-client certificate');
+    assert.equal(JSON.parse(viaCert.body).kind, 'PodList');
+    assert.equal((await kubeletGet('/runningpods/', { token: w.ground.cluster.tokens.admin })).status, 200, 'admin token via TokenReview');
+    assert.equal((await kubeletGet('/healthz')).status, 200);
+    assert.equal((await kubeletGet('/nope', { token: w.ground.cluster.tokens.admin })).body, '404 request not found');
+  });
+
+  test('200 pods created and deleted concurrently: none left Terminating, no VM leaked, one VM per pod', async (t) => {
+    const ns = w.namespace;
+    const n = Number(process.env.VK_IT_PODS ?? 200);
+    const names = Array.from({ length: n }, (_, i) => `many-${i}`);
+    const t0 = Date.now();
+    await Promise.all(
+      names.map((name) => w.core.createNamespacedPod({ namespace: ns, body: vmPod(name, w.nodeName, annotations(`vk-it-${name}`)) })),
+    );
+    await waitFor(
+      `${n} pods Running`,
+      async () => {
+        const list = await w.core.listNamespacedPod({ namespace: ns, labelSelector: undefined });
+        return list.items.filter((p) => p.metadata?.name?.startsWith('many-') && p.status?.phase === 'Running').length === n;
+      },
+      600_000,
+      1000,
+    );
+    t.diagnostic(`${n} pods Running after ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+    const vms = await simVms();
+    const ours = vms.filter((v) => v.config.name.startsWith('vk-it-many-'));
+    assert.equal(ours.length, n, 'one VM per pod');
+    assert.equal(new Set(ours.map((v) => v.config.name)).size, n, 'no duplicate VM for one pod');
+    const calls = readFileSync(join(w.simRoot, 'sim', 'calls.jsonl'), 'utf8')
+      .split('\n')
+      .filter((l) => l.includes('"clone"') && l.includes('vk-it-many-'));
+    assert.equal(calls.length, n, 'exactly one clone per pod');
+
+    const t1 = Date.now();
+    await Promise.all(names.map((name) => w.core.deleteNamespacedPod({ namespace: ns, name })));
+    await waitFor(
+      'all pods gone',
+      async () => (await w.core.listNamespacedPod({ namespace: ns })).items.filter((p) => p.metadata?.name?.startsWith('many-')).length === 0,
+      600_000,
+      1000,
+    );
+    t.diagnostic(`${n} pods deleted after ${((Date.now() - t1) / 1000).toFixed(1)} s`);
+    const left = (await simVms()).filter((v) => v.config.name.startsWith('vk-it-many-'));
+    assert.equal(left.length, 0, 'no VM leaked');
+  });
+});
+
+describe('exec over SPDY (node without ExtendWebSocketsToKubelet)', () => {
+  const spdyWorld = useWorld({ env: { VK_EXEC_WEBSOCKET: 'false' } });
+  test('exit codes, stdin and output survive the apiserver SPDY translation', async () => {
+    const sw = await spdyWorld();
+    await sw.sim(['fixture', 'snapshot', SNAPSHOT, '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04']);
+    const node = await sw.core.readNode({ name: sw.nodeName });
+    assert.equal(node.status?.declaredFeatures, undefined);
+    await sw.core.createNamespacedPod({ namespace: sw.namespace, body: vmPod('spdy-0', sw.nodeName, annotations('vk-spdy-0')) });
+    await waitForPod(sw.core, sw.namespace, 'spdy-0', 'Running', (p) => p.status?.phase === 'Running');
+    const hi = await kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', 'spdy-0', '--', 'echo', 'over', 'spdy']);
+    assert.equal(hi, 'over spdy\n');
+    const echoed = await kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', '-i', 'spdy-0', '--', 'cat'], 'x'.repeat(200_000));
+    assert.equal(echoed.length, 200_000);
+    await assert.rejects(kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', 'spdy-0', '--', 'false']), /exited 1/);
+    const out = await run(join(sw.ground.cluster.binDir, 'kubectl'), ['--kubeconfig', sw.ground.cluster.kubeconfig, '-n', sw.namespace, 'logs', 'spdy-0']);
+    assert.match(out.stdout, /vk-spdy-0/);
+  });
+});
