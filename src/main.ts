@@ -4,6 +4,7 @@
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
+import { Counter } from 'prom-client';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
 import { Kube, loadKubeConfig } from './kube/client.ts';
@@ -72,6 +73,12 @@ async function main(argv: string[]): Promise<number> {
 
   const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log);
   const metrics = createMetrics({ log });
+  const apiWrites = new Counter({
+    name: 'cocoon_vk_api_writes_total',
+    help: 'Kubernetes API writes made by the provider (TS addition).',
+    registers: [metrics.registry],
+  });
+  kube.onWrite = () => apiWrites.inc();
   const events = new EventRecorder(kube, config.nodeName, log);
   const provider = new CocoonProvider({
     config,

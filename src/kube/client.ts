@@ -100,6 +100,8 @@ export class Kube {
   readonly authn: AuthenticationV1Api;
   readonly authz: AuthorizationV1Api;
   readonly writes: TokenBucket;
+  /** Called once per API write (metrics: cocoon_vk_api_writes_total). */
+  onWrite: () => void = () => {};
 
   constructor(kc: KubeConfig, qps: number, burst: number) {
     this.kc = kc;
@@ -113,6 +115,7 @@ export class Kube {
   /** Runs one API write after taking a token from the shared bucket. */
   async write<T>(fn: () => Promise<T>): Promise<T> {
     await this.writes.take();
+    this.onWrite();
     return await fn();
   }
 

@@ -298,9 +298,11 @@ export class RegistryClient {
       headers: { accept: MANIFEST_ACCEPT },
       signal,
     });
+    if (res.statusCode !== 200 && res.statusCode !== 404) {
+      throw await this.#statusError(res, `HEAD ${this.display(name, ref)}`);
+    }
     drain(res);
     if (res.statusCode === 404) return 'absent';
-    if (res.statusCode !== 200) throw await this.#statusError(res, `HEAD ${this.display(name, ref)}`);
     const length = Number(res.headers['content-length']);
     return {
       digest: String(res.headers['docker-content-digest'] ?? ''),

@@ -33,7 +33,7 @@ import {
   validateSnapshotManifest,
 } from './artifact.ts';
 import type { RegistryClient } from './client.ts';
-import { parseReference } from './reference.ts';
+import { parseReference, type Reference } from './reference.ts';
 
 const MiB = 1024 * 1024;
 /** Default read-ahead budget (`SNAPSHOT_PULL_BUDGET_MIB`). */
@@ -83,8 +83,19 @@ export interface PullSnapshotOptions {
 /** Pulls one snapshot into `localName`; resolves with its `snapshot inspect` record. */
 export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotRecord> {
   const { registry, cli, localName } = opts;
-  const name = registry.repository(opts.repo);
-  const ref = parseReference(opts.tag);
+  let name: string;
+  let ref: Reference;
+  try {
+    name = registry.repository(opts.repo);
+    ref = parseReference(opts.tag);
+  } catch (error) {
+    throw new SnapshotPullError(
+      `pull snapshot ${opts.repo}:${opts.tag} into ${localName}: ${(error as Error).message}`,
+      {
+        cause: error,
+      },
+    );
+  }
   const display = registry.display(name, ref);
   const log = (opts.log ?? silentLogger).child({ snapshot: localName, ref: display });
   const fail = (message: string, extra: { absent?: boolean; cause?: unknown } = {}) =>
@@ -141,6 +152,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   // the producer's and are reported from there.
   const stdin = Readable.from(pack, { objectMode: false });
   stdin.on('error', () => {});
+  pack.on('error', () => {});
   const importing = cli
     .run(snapshotImportArgv(localName, config.value.description), {
       timeoutMs: opts.importTimeoutMs ?? PULL_CAP_MS,
@@ -212,11 +224,13 @@ function rate(bytes: number, seconds: number): number {
 }
 
 function describeCause(cause: unknown, outer: AbortSignal | undefined): string {
-  if (outer?.aborted && outer.reason instanceof Error && cause instanceof CocoonCommandError) {
-    // The import was killed because the caller aborted: say why.
-    return `${outer.reason.message} (${cause.message})`;
+  const text = cause instanceof Error ? cause.message : String(cause);
+  if (outer?.aborted) {
+    // Everything failed because the caller aborted (cap, shutdown): say that first.
+    const reason = outer.reason instanceof Error ? outer.reason.message : 'aborted';
+    return `${reason} (${text})`;
   }
-  return (cause as Error)?.message ?? String(cause);
+  return text;
 }
 
 // --- cocoon calls -------------------------------------------------------------------------
@@ -295,6 +309,7 @@ async function writeEntry(
     sink = pack.entry(header, (error) => (error ? reject(error) : resolve()));
   });
   finished.catch(() => {}); // observed below; avoid an unhandled rejection while writing
+  sink.on('error', () => {}); // a destroyed entry reports through the callback above
   for await (const chunk of body) {
     signal.throwIfAborted();
     await writeChunk(sink, chunk, signal);
@@ -602,9 +617,12 @@ export class SnapshotPuller {
       this.#o.onPullDone?.('failed', (performance.now() - started) / 1000);
       if (cap.aborted && !this.#o.lifetime?.aborted) {
         const limit = capMs % 60_000 === 0 ? `${capMs / 60_000} min` : `${capMs} ms`;
-        throw new SnapshotPullError(`snapshot pull of ${repo}:${tag} into ${local} exceeded its ${limit} cap`, {
-          cause: error,
-        });
+        throw new SnapshotPullError(
+          `snapshot pull of ${repo}:${tag} into ${local} exceeded its ${limit} cap`,
+          {
+            cause: error,
+          },
+        );
       }
       throw error;
     }

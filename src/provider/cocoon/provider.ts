@@ -35,6 +35,26 @@ import { ProbeAgent } from './probe-agent.ts';
 import { bindForReadiness, reconcile, refreshIp, supersedeJobs } from './readiness.ts';
 import { applyAnnotations, newRecord, type PodRecord, retrack } from './record.ts';
 
+/** Lines of `next` (a newer tail of the same log) that come after the end of `previous`:
+ * the last lines of `previous` are located in `next`, searching from the end. Without an
+ * anchor (log rotated, or more new lines than the tail holds) all of `next` is new. */
+export function newLogLines(previous: readonly string[], next: readonly string[]): string[] {
+  const k = Math.min(previous.length, 20);
+  if (k === 0) return [...next];
+  const anchor = previous.slice(previous.length - k);
+  for (let end = next.length - 1; end >= k - 1; end--) {
+    let match = true;
+    for (let i = 0; i < k; i++) {
+      if (next[end - k + 1 + i] !== anchor[i]) {
+        match = false;
+        break;
+      }
+    }
+    if (match) return next.slice(end + 1);
+  }
+  return [...next];
+}
+
 const keyOf = (pod: V1Pod) => `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
 
 export interface CocoonProviderOptions extends ProviderDeps {
@@ -609,9 +629,36 @@ export class CocoonProvider implements Provider {
       out.end('vk-cocoon: Windows guests have no console log; connect with RDP to the pod IP.\n');
       return out;
     }
-    const child = this.#ctx.cli.spawn(logsArgv(rec.vm.id, opts.tailLines ?? 200), { signal });
-    child.stdout?.pipe(out);
-    child.stderr?.resume();
+    const vmId = rec.vm.id;
+    if (!opts.follow) {
+      const child = this.#ctx.cli.spawn(logsArgv(vmId, opts.tailLines ?? 200), { signal });
+      child.stdout?.pipe(out);
+      child.stderr?.resume();
+      return out;
+    }
+    // `cocoon vm logs` has no follow mode: poll the tail every 2 s and emit what is new,
+    // until the client disconnects (the signal aborts) — virtual-node.md §7.1.
+    void (async () => {
+      let last: string[] = [];
+      let first = true;
+      while (!signal.aborted && !out.destroyed) {
+        try {
+          const { stdout } = await this.#ctx.cli.run(logsArgv(vmId, first ? (opts.tailLines ?? 200) : 1000), {
+            timeoutMs: 30_000,
+            signal,
+          });
+          const lines = stdout.split('\n').filter((l, i, a) => l !== '' || i < a.length - 1);
+          const fresh = first ? lines : newLogLines(last, lines);
+          if (fresh.length > 0) out.write(`${fresh.join('\n')}\n`);
+          last = lines;
+          first = false;
+        } catch {
+          if (signal.aborted) break;
+        }
+        await new Promise((r) => setTimeout(r, 2000));
+      }
+      out.end();
+    })();
     return out;
   }
 

@@ -12,11 +12,13 @@ import { join } from 'node:path';
 import { execArgv } from '../../cocoon/argv.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
 import {
+  EVENT_MESSAGE_MAX_BYTES,
   MESSAGE_MAX_BYTES,
   POST_CLONE_ERRORS,
   POST_CLONE_HINT,
   POST_CLONE_STATE,
   parsePostCloneState,
+  truncateUtf8,
   VM_IP,
 } from '../../lifecycle/annotations.ts';
 import { isUnflushed } from '../../lifecycle/intent.ts';
@@ -332,7 +334,7 @@ async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise
   const errors: string[] = [];
   let attempts = 0;
   if (!plan.ok) {
-    errors.push(attemptErrorMessage(1, `invalid fixup plan: ${plan.error}`));
+    errors.push(`invalid fixup plan: ${plan.error}`);
     attempts = 1;
   } else {
     while (!signal.aborted) {
@@ -364,10 +366,10 @@ async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise
         if (signal.aborted) return; // superseded or shutdown: the next owner re-derives
         const text = err instanceof CocoonCommandError ? err.message : String(err);
         const entry = attemptErrorMessage(attempts, text);
-        errors.push(entry);
+        errors.push(text);
         log.info({ attempt: attempts, err: text }, 'post-clone fixup attempt failed');
         await ifStillOwner(ctx, rec, job, () => {
-          ctx.events.event(rec.pod, 'Warning', 'PostCloneExecAttemptFailed', entry.slice(0, 512));
+          ctx.events.event(rec.pod, 'Warning', 'PostCloneExecAttemptFailed', truncateUtf8(entry, EVENT_MESSAGE_MAX_BYTES));
         });
         await abortableSleep(Math.min(FIXUP_RETRY_DELAY_MS, Math.max(0, budgetEnd - Date.now())), signal);
       }

@@ -1,0 +1,121 @@
+// Benchmark (a script, not a test): N concurrent clones with zero simulated VM latency.
+// Prints pod bound → lifecycle ready p50/p99, lease written → ready p50/p99, and apiserver
+// write requests per bring-up. Usage: npm run bench -- [pods=200]
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { type V1Pod, Watch } from '@kubernetes/client-node';
+import { repoRoot } from '../test/ground/cluster.ts';
+import { startDaemon } from '../test/ground/daemon.ts';
+import { startGround, stopGround } from '../test/ground/ground.ts';
+import { adminClients, newNamespace, vmPod } from '../test/ground/kube.ts';
+import { run, waitFor } from '../test/ground/proc.ts';
+
+const N = Number(process.argv[2] ?? process.env.VK_BENCH_PODS ?? 200);
+const dir = mkdtempSync(join(tmpdir(), 'vk-bench-'));
+const log = (s: string) => console.log(`bench: ${s}`);
+
+function pct(values: number[], p: number): number {
+  const s = [...values].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.ceil((p / 100) * s.length) - 1)] ?? Number.NaN;
+}
+
+async function metricValue(port: number, name: string): Promise<number> {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text();
+  let sum = 0;
+  for (const line of text.split('\n')) if (line.startsWith(name)) sum += Number(line.split(' ').pop());
+  return sum;
+}
+
+const ground = await startGround(join(dir, 'ground'), { log: (l) => log(l) });
+try {
+  const simRoot = join(dir, 'cocoon');
+  mkdirSync(join(simRoot, 'net'), { recursive: true });
+  const cocoonBin = join(dir, 'cocoon-bin');
+  symlinkSync(join(repoRoot, 'bin', 'cocoon-sim'), cocoonBin);
+  const leasesPath = join(simRoot, 'net', 'leases.json');
+  const env = { ...process.env, COCOON_SIM_ROOT: simRoot, COCOON_ROOT_DIR: simRoot, COCOON_SIM_LEASES: leasesPath };
+  await run(join(repoRoot, 'bin', 'cocoon-sim'), ['fixture', 'snapshot', 'bench/base', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04'], { env });
+  const daemon = await startDaemon({
+    cluster: ground.cluster,
+    nodeName: 'bench-node',
+    cocoonBin,
+    rootDir: simRoot,
+    leasesPath,
+    logFile: join(dir, 'vk-cocoon.log'),
+    env: { VK_LOG_LEVEL: 'info' },
+  });
+  const { core, kc } = adminClients(ground.cluster);
+  const ns = await newNamespace(core, 'bench');
+
+  const created = new Map<string, number>();
+  const readyAt = new Map<string, number>();
+  const vmIdOf = new Map<string, string>();
+  const watch = new Watch(kc);
+  const req = await watch.watch(
+    `/api/v1/namespaces/${ns}/pods`,
+    {},
+    (_t: string, p: V1Pod) => {
+      const name = p.metadata?.name ?? '';
+      const id = p.metadata?.annotations?.['vm.cocoonstack.io/id'];
+      if (id) vmIdOf.set(name, id);
+      if (p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] === 'ready' && !readyAt.has(name)) readyAt.set(name, Date.now());
+    },
+    () => {},
+  );
+  // Lease first-seen times, polled every 20 ms.
+  const leaseSeen = new Map<string, number>();
+  const poll = setInterval(() => {
+    if (!existsSync(leasesPath)) return;
+    try {
+      const rows = JSON.parse(readFileSync(leasesPath, 'utf8')) as { mac: string }[] | null;
+      const now = Date.now();
+      for (const r of rows ?? []) if (!leaseSeen.has(r.mac)) leaseSeen.set(r.mac, now);
+    } catch {
+      // mid-rename; next tick
+    }
+  }, 20);
+
+  const writesBefore = await metricValue(daemon.metricsPort, 'cocoon_vk_api_writes_total');
+  log(`creating ${N} pods`);
+  const t0 = Date.now();
+  await Promise.all(
+    Array.from({ length: N }, async (_, i) => {
+      const name = `b-${i}`;
+      created.set(name, Date.now());
+      await core.createNamespacedPod({
+        namespace: ns,
+        body: vmPod(name, 'bench-node', {
+          'vm.cocoonstack.io/name': `vk-bench-${i}`,
+          'cocoonset.cocoonstack.io/image': 'bench/base',
+          'cocoonset.cocoonstack.io/managed': 'true',
+        }),
+      });
+    }),
+  );
+  await waitFor(`${N} pods ready`, () => readyAt.size === N, 900_000, 200);
+  const wall = (Date.now() - t0) / 1000;
+  clearInterval(poll);
+  req.abort();
+  const writesAfter = await metricValue(daemon.metricsPort, 'cocoon_vk_api_writes_total');
+
+  const vms = JSON.parse((await run(cocoonBin, ['vm', 'list', '-o', 'json'], { env })).stdout) as { id: string; network_configs: { mac: string }[] }[];
+  const macOf = new Map(vms.map((v) => [v.id, v.network_configs[0]?.mac ?? '']));
+  const boundToReady: number[] = [];
+  const leaseToReady: number[] = [];
+  for (const [name, at] of readyAt) {
+    boundToReady.push(at - (created.get(name) ?? at));
+    const seen = leaseSeen.get(macOf.get(vmIdOf.get(name) ?? '') ?? '');
+    if (seen !== undefined) leaseToReady.push(at - seen);
+  }
+  console.log(`\nresults (${N} concurrent clones, zero simulated VM latency, wall ${wall.toFixed(1)} s)`);
+  console.log(`  pod bound -> lifecycle ready: p50 ${pct(boundToReady, 50)} ms, p99 ${pct(boundToReady, 99)} ms`);
+  console.log(`  lease written -> ready:       p50 ${pct(leaseToReady, 50)} ms, p99 ${pct(leaseToReady, 99)} ms (${leaseToReady.length} leases observed)`);
+  console.log(`  apiserver writes per bring-up (reads: one shared pod watch): ${((writesAfter - writesBefore) / N).toFixed(1)}`);
+  await daemon.stop();
+  await run(join(repoRoot, 'bin', 'cocoon-sim'), ['__sim', 'reap'], { env }).catch(() => {});
+  for (const v of vms) await run(cocoonBin, ['vm', 'rm', '--force', v.id], { env }).catch(() => {});
+} finally {
+  await stopGround(ground);
+  rmSync(dir, { recursive: true, force: true });
+}

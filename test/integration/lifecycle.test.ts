@@ -1,0 +1,234 @@
+// The lifecycle contract end to end (seeds 000 and 001) against the real apiserver and the
+// cocoon simulator. All scenario pods start together in one world and are asserted one by
+// one, so the slowest scenario (fixup exhaustion, 180 s) bounds the file's run time.
+import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
+import { type V1Pod, Watch } from '@kubernetes/client-node';
+import { kubectl } from '../ground/cluster.ts';
+import { vmPod, waitForPod } from '../ground/kube.ts';
+import { waitFor } from '../ground/proc.ts';
+import { useWorld, type World } from '../ground/world.ts';
+import { annotate, guestCalls, isReady, leaseFor, lifecycle, postClone, setKnobs, simVm } from './helpers.ts';
+
+const world = useWorld({ deferDaemon: true });
+let w: World;
+const events: { name: string; lifecycle: string; podIP: string; at: number }[] = [];
+let stopWatch: (() => void) | undefined;
+
+const WINDOWS_ARGV = [
+  'powershell',
+  '-nop',
+  '-c',
+  '$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false',
+];
+
+function pod(name: string, vmName: string, image: string, extra: Record<string, string> = {}): V1Pod {
+  return vmPod(name, w.nodeName, {
+    'vm.cocoonstack.io/name': vmName,
+    'cocoonset.cocoonstack.io/image': image,
+    'cocoonset.cocoonstack.io/managed': 'true',
+    'cocoonset.cocoonstack.io/generation': '1',
+    ...extra,
+  });
+}
+
+const SCENARIOS: [string, string, string, Record<string, string>?][] = [
+  ['row-dhcp', 'vk-row-dhcp', 'lin/dhcp'],
+  ['row-oci', 'vk-row-oci', 'lin/static-oci'],
+  ['row-cloudimg', 'vk-row-cloudimg', 'lin/static-cloud'],
+  ['row-fc', 'vk-row-fc', 'fc/base', { 'vm.cocoonstack.io/backend': 'firecracker' }],
+  ['row-win', 'vk-row-win', 'win/base', { 'cocoonset.cocoonstack.io/os': 'windows' }],
+  ['seed', 'vk-seed-win', 'win/base', { 'cocoonset.cocoonstack.io/os': 'windows' }],
+  ['never', 'vk-never-win', 'win/base', { 'cocoonset.cocoonstack.io/os': 'windows' }],
+  ['exhaust', 'vk-exhaust-oci', 'lin/static-oci'],
+];
+
+before(async () => {
+  w = await world();
+  const fx = (name: string, ...args: string[]) => w.sim(['fixture', 'snapshot', name, ...args]);
+  await fx('lin/dhcp', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04');
+  await fx('lin/static-oci', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04', '--static-ip', '10.88.3.17/16,10.88.0.1');
+  await fx('lin/static-cloud', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'https://cloud-images.ubuntu.com/jammy.img', '--static-ip', '10.88.4.20/24,10.88.4.1');
+  await fx('fc/base', '--backend', 'firecracker', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04');
+  await fx('win/base', '--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/win11.qcow2');
+  setKnobs(w, {
+    latency: { 'vm clone': 1500 },
+    dhcp: {
+      keyByGuestMac: true,
+      windowsApipaWedge: false,
+      vms: [
+        { match: '^vk-seed-', leaseDelayMs: 20_000 },
+        { match: '^vk-never-', never: true },
+      ],
+    },
+    exec: [{ match: '^vk-exhaust-', argvRegex: 'systemd-networkd', error: 'boom' }],
+  });
+  await w.restart();
+  const watch = new Watch(w.kc);
+  const req = await watch.watch(
+    `/api/v1/namespaces/${w.namespace}/pods`,
+    {},
+    (_t: string, p: V1Pod) =>
+      events.push({ name: p.metadata?.name ?? '', lifecycle: lifecycle(p), podIP: p.status?.podIP ?? '', at: Date.now() }),
+    () => {},
+  );
+  stopWatch = () => req.abort();
+  await Promise.all(SCENARIOS.map(([name, vm, image, extra]) => w.core.createNamespacedPod({ namespace: w.namespace, body: pod(name, vm, image, extra) })));
+});
+
+const get = (name: string) => w.core.readNamespacedPod({ namespace: w.namespace, name });
+const readyPod = (name: string, timeoutMs = 90_000) =>
+  waitForPod(w.core, w.namespace, name, 'lifecycle ready', (p) => lifecycle(p) === 'ready', timeoutMs);
+
+async function fixupScript(vmName: string): Promise<string> {
+  await waitFor(`fixup exec for ${vmName}`, () => guestCalls(w, vmName).some((c) => c.argv[0] === 'sh'), 60_000, 200);
+  const call = guestCalls(w, vmName).find((c) => c.argv[0] === 'sh');
+  assert.equal(call?.argv.length, 3);
+  assert.equal(call?.argv[1], '-c');
+  return call?.argv[2] ?? '';
+}
+
+test('seed 001, CH all-DHCP: no exec at all, ready once the lease is observed', async () => {
+  const p = await readyPod('row-dhcp');
+  assert.match(p.status?.podIP ?? '', /^172\.20\./);
+  assert.deepEqual(guestCalls(w, 'vk-row-dhcp'), []);
+  assert.equal(postClone(p), '');
+});
+
+test('seed 001, CH + OCI + static IP: MAC-matched networkd files', async () => {
+  const p = await readyPod('row-oci');
+  const vm = await simVm(w, 'vk-row-oci');
+  const mac = vm?.network_configs[0]?.mac ?? '';
+  assert.equal(
+    await fixupScript('vk-row-oci'),
+    [
+      'echo 3 > /proc/sys/vm/drop_caches',
+      'echo vk-row-oci > /etc/hostname',
+      'rm -f /etc/systemd/network/10-*.network',
+      `printf '[Match]\\nMACAddress=${mac}\\n\\n[Network]\\nAddress=10.88.3.17/16\\nGateway=10.88.0.1\\n' > /etc/systemd/network/10-${mac.replaceAll(':', '')}.network`,
+      'systemctl restart systemd-networkd',
+    ].join('\n'),
+  );
+  assert.equal(p.status?.podIP, '10.88.3.17');
+  assert.equal(postClone(p), 'done');
+});
+
+test('seed 001, CH + cloudimg + static IP: cloud-init clean and init', async () => {
+  const p = await readyPod('row-cloudimg');
+  assert.equal(
+    await fixupScript('vk-row-cloudimg'),
+    [
+      'echo 3 > /proc/sys/vm/drop_caches',
+      'echo vk-row-cloudimg > /etc/hostname',
+      'rm -f /etc/systemd/network/10-*.network',
+      'cloud-init clean --logs --seed --configs network && cloud-init init --local && cloud-init init',
+      'cloud-init modules --mode=config && systemctl restart systemd-networkd',
+    ].join('\n'),
+  );
+  assert.equal(p.status?.podIP, '10.88.4.20');
+});
+
+test('seed 001, Firecracker: ip link set address + networkd, then the lease of the new MAC', async () => {
+  const p = await readyPod('row-fc');
+  const vm = await simVm(w, 'vk-row-fc');
+  const mac = vm?.network_configs[0]?.mac ?? '';
+  assert.equal(
+    await fixupScript('vk-row-fc'),
+    [
+      'echo 3 > /proc/sys/vm/drop_caches',
+      'echo vk-row-fc > /etc/hostname',
+      `ip link set dev eth0 down && ip link set dev eth0 address ${mac} && ip link set dev eth0 up`,
+      'rm -f /etc/systemd/network/10-*.network',
+      `printf '[Match]\\nMACAddress=${mac}\\n\\n[Network]\\nDHCP=ipv4\\n\\n[DHCPv4]\\nClientIdentifier=mac\\n' > /etc/systemd/network/10-${mac.replaceAll(':', '')}.network`,
+      'systemctl restart systemd-networkd',
+    ].join('\n'),
+  );
+  assert.equal(p.status?.podIP, leaseFor(w, mac)?.ip);
+});
+
+test('seed 001, Windows: PnP re-enumerate of present Net devices', async () => {
+  const p = await readyPod('row-win');
+  const calls = guestCalls(w, 'vk-row-win');
+  assert.deepEqual(calls[0]?.argv, WINDOWS_ARGV);
+  assert.match(p.status?.podIP ?? '', /^172\.20\./);
+});
+
+test('seed 000: a Windows clone with a slow lease and 50 updates during the wait reaches ready; podIP precedes ready', async (t) => {
+  await waitForPod(w.core, w.namespace, 'seed', 'post-clone done (IP wait running)', (p) => postClone(p) === 'done', 60_000);
+  const vm = await simVm(w, 'vk-seed-win');
+  const mac = vm?.network_configs[0]?.mac ?? '';
+  assert.equal(leaseFor(w, mac), undefined, 'the lease must still be pending during the burst');
+  await Promise.all(Array.from({ length: 50 }, (_, i) => annotate(w.core, w.namespace, 'seed', { 'test.cocoonstack.io/churn': String(i) })));
+  let leaseAt = 0;
+  await waitFor('lease for the seed VM', () => {
+    if (leaseFor(w, mac)) leaseAt = Date.now();
+    return leaseAt > 0;
+  }, 60_000, 50);
+  await readyPod('seed', 30_000);
+  // PodReady = probe ∧ lifecycle ready; the probe follows within its fast cadence.
+  const p = await waitForPod(w.core, w.namespace, 'seed', 'Ready', isReady, 10_000);
+  const readyEvent = events.find((e) => e.name === 'seed' && e.lifecycle === 'ready');
+  assert.ok(readyEvent, 'the watch saw the ready annotation');
+  assert.ok(readyEvent.at - leaseAt < 25_000, `ready ${readyEvent.at - leaseAt} ms after the lease`);
+  t.diagnostic(`ready ${readyEvent.at - leaseAt} ms after the lease appeared`);
+  // R8: every version carrying lifecycle=ready already has the podIP.
+  for (const e of events.filter((x) => x.name === 'seed' && x.lifecycle === 'ready')) assert.notEqual(e.podIP, '');
+  assert.equal(p.status?.podIP, leaseFor(w, mac)?.ip);
+  assert.equal(isReady(p), true);
+});
+
+test('seed 000, lease never arrives: failed after 45 s with the exact message; one renew nudge at ~30 s', async () => {
+  const p = await waitForPod(w.core, w.namespace, 'never', 'lifecycle failed', (x) => lifecycle(x) === 'failed', 120_000);
+  assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'], 'clone vk-never-win: dhcp lease not observed within 45s');
+  const calls = guestCalls(w, 'vk-never-win');
+  const renews = calls.filter((c) => c.argv.join(' ') === 'cmd /c ipconfig /renew');
+  assert.equal(renews.length, 1, 'exactly one ipconfig /renew');
+  const fixupAt = Date.parse(calls[0]?.ts ?? '');
+  const renewAt = Date.parse(renews[0]?.ts ?? '');
+  assert.ok(renewAt - fixupAt >= 29_000 && renewAt - fixupAt < 40_000, `renew ${renewAt - fixupAt} ms after the fixup`);
+  assert.equal(isReady(p), false);
+  const ev = await w.core.listNamespacedEvent({ namespace: w.namespace, fieldSelector: 'involvedObject.name=never' });
+  assert.ok(ev.items.some((e) => e.reason === 'PostCloneIPWaitTimeout' && e.type === 'Warning'));
+});
+
+test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a green probe leaves it failed', async () => {
+  const p = await waitForPod(w.core, w.namespace, 'exhaust', 'lifecycle failed', (x) => lifecycle(x) === 'failed', 260_000);
+  const ann = p.metadata?.annotations ?? {};
+  assert.equal(postClone(p), 'failed');
+  const script = await fixupScript('vk-exhaust-oci');
+  const hint = await kubectl(w.ground.cluster, [
+    '-n', w.namespace, 'get', 'pod', 'exhaust', '-o', 'jsonpath={.metadata.annotations.vm\\.cocoonstack\\.io/post-clone-hint}',
+  ]);
+  assert.equal(Buffer.from(hint, 'base64').toString(), script);
+  const delivered = guestCalls(w, 'vk-exhaust-oci').length;
+  assert.ok(delivered >= 40, `${delivered} attempts in 180 s`);
+  const lines = (ann['vm.cocoonstack.io/post-clone-errors'] ?? '').split('\n');
+  // Every attempt that reached the guest is listed; one more may be the attempt the budget
+  // deadline cut off before it reached the guest.
+  assert.ok(lines.length === delivered || lines.length === delivered + 1, `${lines.length} lines, ${delivered} delivered`);
+  lines.slice(0, delivered).forEach((l, i) => assert.match(l, new RegExp(`^attempt ${i + 1}: exit status 1 \\(output: Error: boom\\)$`)));
+  assert.equal(ann['vm.cocoonstack.io/lifecycle-state-message'], ann['vm.cocoonstack.io/post-clone-errors']);
+  const ev = await w.core.listNamespacedEvent({ namespace: w.namespace, fieldSelector: 'involvedObject.name=exhaust' });
+  const warn = ev.items.find((e) => e.reason === 'PostCloneExecExhausted');
+  assert.equal(warn?.type, 'Warning');
+  assert.match(warn?.message ?? '', /^create: attempt 1: /);
+  // The static IP makes the probe green; lifecycle failed keeps the pod Not Ready.
+  await new Promise((r) => setTimeout(r, 3000));
+  const later = await get('exhaust');
+  assert.equal(lifecycle(later), 'failed');
+  assert.equal(later.status?.podIP, '10.88.3.17');
+  assert.equal(isReady(later), false);
+});
+
+test('a daemon restart leaves failed post-clone work parked: no new exec, still failed', async () => {
+  const before = guestCalls(w, 'vk-exhaust-oci').length;
+  await w.daemon.kill();
+  await w.restart();
+  await new Promise((r) => setTimeout(r, 8000));
+  assert.equal(guestCalls(w, 'vk-exhaust-oci').length, before, 'no exec after the restart');
+  const p = await get('exhaust');
+  assert.equal(lifecycle(p), 'failed');
+  const ready = await get('seed');
+  assert.equal(lifecycle(ready), 'ready', 'ready pods stay ready across a restart');
+  stopWatch?.();
+});

@@ -1,0 +1,896 @@
+// The registry read path and the snapshot pull (registry.md §2–§5, §7) against the REAL
+// Debian docker-registry (CNCF distribution 2.8) of the test ground and the cocoon simulator,
+// plus a small in-process fake registry for what a real registry will not do on demand:
+// Bearer/Basic challenges, a redirect to another host, 5xx, truncated bodies and digest
+// mismatches.
+import assert from 'node:assert/strict';
+import { createHash, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { Writable } from 'node:stream';
+import { after, before, describe, it } from 'node:test';
+import { newSimRoot, type SimRoot } from '../../sim/client.ts';
+import { CocoonCli } from '../../src/cocoon/runner.ts';
+import { createLogger, silentLogger } from '../../src/log.ts';
+import { MEDIA_TYPE } from '../../src/registry/artifact.ts';
+import { RegistryClient, RegistryError, registryFromConfig } from '../../src/registry/client.ts';
+import { pullSnapshot, SnapshotPullError, SnapshotPuller } from '../../src/registry/pull.ts';
+import { parseReference } from '../../src/registry/reference.ts';
+import { type Ground, useGround } from '../ground/ground.ts';
+
+const ground = useGround();
+let g: Ground;
+let sim: SimRoot;
+let cli: CocoonCli;
+const lifetime = new AbortController();
+/** A docker config dir with credentials for the fake registry (set per test). */
+let dockerDir: string;
+
+before(async () => {
+  g = await ground();
+  sim = await newSimRoot();
+  // CocoonCli passes the provider's own environment to cocoon (cocoon-cli.md §1).
+  Object.assign(process.env, sim.env());
+  dockerDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-docker-'));
+  process.env.DOCKER_CONFIG = dockerDir;
+  cli = new CocoonCli(sim.cocoonBin, lifetime.signal, silentLogger);
+});
+
+after(async () => {
+  lifetime.abort();
+  await sim?.cleanup();
+  if (dockerDir) fs.rmSync(dockerDir, { recursive: true, force: true });
+});
+
+// --- Artifact building --------------------------------------------------------------------
+
+const sha = (b: Buffer) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
+const B32 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZ234567';
+const newSnapshotId = () => Array.from(randomBytes(26), (b) => B32[b % 32]).join('');
+
+interface Artifact {
+  snapshotId: string;
+  files: { title: string; data: Buffer; mediaType: string }[];
+  config: Buffer;
+  manifest: Buffer;
+  digest: string;
+  blobs: Map<string, Buffer>;
+}
+
+/** A v1 snapshot artifact (registry.md §4.1, §4.2) with the five usual files. */
+function buildArtifact(
+  opts: { files?: Record<string, object>; extraConfig?: Record<string, unknown>; memorySize?: number } = {},
+) {
+  const snapshotId = newSnapshotId();
+  const files = [
+    {
+      title: 'config.json',
+      data: Buffer.from(JSON.stringify({ cpus: { boot_vcpus: 2 } })),
+      mediaType: MEDIA_TYPE.vmConfig,
+    },
+    {
+      title: 'state.json',
+      data: Buffer.from(JSON.stringify({ state: 'paused', id: snapshotId })),
+      mediaType: MEDIA_TYPE.vmState,
+    },
+    { title: 'memory-ranges', data: randomBytes(opts.memorySize ?? 300_000), mediaType: MEDIA_TYPE.vmMemory },
+    { title: 'overlay.qcow2', data: randomBytes(70_000), mediaType: MEDIA_TYPE.diskQcow2 },
+    { title: 'cidata.img', data: randomBytes(4096), mediaType: MEDIA_TYPE.vmCidata },
+  ];
+  const config = Buffer.from(
+    JSON.stringify({
+      schemaVersion: 'v1',
+      snapshotId,
+      image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+      imageDigest: `sha256:${'5f'.repeat(32)}`,
+      imageType: 'oci',
+      imageBlobIds: { '9c1e0d': {} },
+      hypervisor: 'cloud-hypervisor',
+      cpu: 2,
+      memory: 2147483648,
+      storage: 21474836480,
+      nics: 1,
+      network: 'cocoon-dhcp',
+      files: opts.files ?? {
+        'memory-ranges': { mode: 0o644, size: 300_000 },
+        'overlay.qcow2': { mode: 0o600 },
+      },
+      createdAt: '2026-08-12T09:29:41Z',
+      ...opts.extraConfig,
+    }),
+  );
+  const manifest = Buffer.from(
+    JSON.stringify(
+      {
+        schemaVersion: 2,
+        mediaType: MEDIA_TYPE.ociManifest,
+        artifactType: MEDIA_TYPE.snapshotV1,
+        config: { mediaType: MEDIA_TYPE.snapshotConfig, digest: sha(config), size: config.length },
+        layers: files.map((f) => ({
+          mediaType: f.mediaType,
+          digest: sha(f.data),
+          size: f.data.length,
+          annotations: { 'org.opencontainers.image.title': f.title },
+        })),
+        annotations: {
+          'org.opencontainers.image.created': '2026-08-12T09:30:00Z',
+          'cocoonstack.snapshot.baseimage': 'cocoon/ubuntu-hot:v1',
+          'cocoonstack.snapshot.id': 'legacy, ignored',
+        },
+      },
+      null,
+      2,
+    ),
+  );
+  const blobs = new Map<string, Buffer>([
+    [sha(config), config],
+    ...files.map((f) => [sha(f.data), f.data] as const),
+  ]);
+  return { snapshotId, files, config, manifest, digest: sha(manifest), blobs } satisfies Artifact;
+}
+
+// --- Pushing to the real registry by plain HTTP -------------------------------------------
+
+async function pushBlob(name: string, data: Buffer): Promise<void> {
+  const start = await fetch(`${g.registry.url}/v2/${name}/blobs/uploads/`, { method: 'POST' });
+  assert.equal(start.status, 202);
+  const location = new URL(start.headers.get('location') ?? '', g.registry.url);
+  location.searchParams.set('digest', sha(data));
+  const put = await fetch(location, {
+    method: 'PUT',
+    body: data,
+    headers: { 'content-type': 'application/octet-stream' },
+  });
+  assert.equal(put.status, 201, await put.text());
+}
+
+async function pushManifest(
+  name: string,
+  ref: string,
+  body: Buffer,
+  mediaType: string = MEDIA_TYPE.ociManifest,
+) {
+  const put = await fetch(`${g.registry.url}/v2/${name}/manifests/${ref}`, {
+    method: 'PUT',
+    body,
+    headers: { 'content-type': mediaType },
+  });
+  assert.equal(put.status, 201, await put.text());
+}
+
+async function pushArtifact(name: string, tag: string, a: Artifact): Promise<void> {
+  for (const blob of a.blobs.values()) await pushBlob(name, blob);
+  await pushManifest(name, tag, a.manifest);
+}
+
+// --- Assertions on the simulator ------------------------------------------------------------
+
+interface SnapshotJson {
+  id: string;
+  name: string;
+  hypervisor: string;
+  image: string;
+  image_digest: string;
+  cpu: number;
+  network?: string;
+}
+
+async function inspect(name: string): Promise<SnapshotJson | undefined> {
+  const r = await sim.run(['snapshot', 'inspect', name]);
+  return r.code === 0 ? (JSON.parse(r.stdout) as SnapshotJson) : undefined;
+}
+
+async function snapshotNames(): Promise<string[]> {
+  const r = await sim.run(['snapshot', 'list', '-o', 'json']);
+  const out = r.stdout.trim();
+  if (out === '' || !out.startsWith('[')) return [];
+  return (JSON.parse(out) as SnapshotJson[]).map((s) => s.name);
+}
+
+const dataDir = (id: string) => path.join(sim.root, 'snapshot', 'localfile', id);
+const localDirs = () => {
+  try {
+    return fs.readdirSync(path.join(sim.root, 'snapshot', 'localfile')).sort();
+  } catch {
+    return [];
+  }
+};
+
+/** `cocoon` argv of the simulator's calls since `from`, as `verb noun args...` strings. */
+const callsSince = (from: number) =>
+  sim
+    .calls()
+    .slice(from)
+    .map((c) => c.argv.join(' '));
+
+function logCapture() {
+  const lines: Record<string, unknown>[] = [];
+  const sink = new Writable({
+    write(chunk: Buffer, _enc, cb) {
+      for (const l of chunk.toString().split('\n')) if (l.trim() !== '') lines.push(JSON.parse(l));
+      cb();
+    },
+  });
+  return { log: createLogger('debug', sink), lines };
+}
+
+// --- The real registry (test-ground.md §6) --------------------------------------------------
+
+describe('docker-registry 2.8 (real)', () => {
+  let registry: RegistryClient;
+  before(() => {
+    registry = new RegistryClient({ base: `${g.registry.hostPort}/cocoon`, credentials: [] });
+  });
+  after(() => registry.close());
+
+  it('pins: OCI manifests need the Accept header; absent tag and unknown repo are "absent"; blobs 404 BLOB_UNKNOWN', async () => {
+    const a = buildArtifact();
+    const name = registry.repository('pins/agent');
+    await pushArtifact(name, 'v1', a);
+    await registry.ping();
+    // Without Accept the registry answers 404 for an OCI manifest; the client always sends it.
+    assert.equal((await fetch(`${g.registry.url}/v2/${name}/manifests/v1`)).status, 404);
+    const head = await registry.headManifest(name, parseReference('v1'));
+    assert.notEqual(head, 'absent');
+    assert.equal(head !== 'absent' && head.digest, a.digest);
+    assert.equal(head !== 'absent' && head.mediaType, MEDIA_TYPE.ociManifest);
+    // Custom artifactType and config media type are stored verbatim (same bytes, same digest).
+    const got = await registry.getManifest(name, parseReference('v1'));
+    assert.ok(got !== 'absent');
+    assert.equal(got.digest, a.digest);
+    assert.deepEqual(got.bytes, a.manifest);
+    assert.equal(got.manifest.artifactType, MEDIA_TYPE.snapshotV1);
+    assert.equal(got.manifest.config.mediaType, MEDIA_TYPE.snapshotConfig);
+    const byDigest = await registry.getManifest(name, parseReference(a.digest));
+    assert.equal(byDigest !== 'absent' && byDigest.digest, a.digest);
+    // Absent: unknown tag and unknown repository, HEAD and GET. 2.8 answers MANIFEST_UNKNOWN for
+    // both (not NAME_UNKNOWN for the repository); the client takes any manifest 404 as absent.
+    const code = async (path: string) => {
+      const r = await fetch(`${g.registry.url}${path}`, { headers: { accept: MEDIA_TYPE.ociManifest } });
+      return `${r.status} ${((await r.json()) as { errors: { code: string }[] }).errors[0]?.code}`;
+    };
+    assert.equal(await code(`/v2/${name}/manifests/nope`), '404 MANIFEST_UNKNOWN');
+    assert.equal(await code('/v2/cocoon/never/pushed/manifests/hibernate'), '404 MANIFEST_UNKNOWN');
+    assert.equal(await registry.headManifest(name, parseReference('nope')), 'absent');
+    assert.equal(await registry.getManifest(name, parseReference('nope')), 'absent');
+    const unknownRepo = registry.repository('never/pushed');
+    assert.equal(await registry.headManifest(unknownRepo, parseReference('hibernate')), 'absent');
+    assert.equal(await registry.getManifest(unknownRepo, parseReference('hibernate')), 'absent');
+    // A missing blob is an error, not absence.
+    const missing = `sha256:${'0'.repeat(64)}`;
+    await assert.rejects(registry.getBlob(name, { digest: missing, size: 1 }), (e: unknown) => {
+      assert.ok(e instanceof RegistryError);
+      assert.equal(e.status, 404);
+      assert.equal(e.code, 'BLOB_UNKNOWN');
+      return true;
+    });
+    // Blobs stream verified.
+    const layer = a.files[2]!;
+    const bytes = await registry.getBlobBytes(
+      name,
+      { digest: sha(layer.data), size: layer.data.length },
+      1 << 20,
+    );
+    assert.deepEqual(bytes, layer.data);
+    await assert.rejects(
+      registry.getBlobBytes(name, { digest: sha(layer.data), size: layer.data.length + 1 }, 1 << 20),
+      /Content-Length 300000 but the descriptor says 300001/,
+    );
+  });
+
+  it('pulls a v1 snapshot into the simulator: snapshot.json first, files, modes, inspect record', async () => {
+    const a = buildArtifact();
+    const repo = 'acme/agent';
+    const name = registry.repository(repo);
+    await pushArtifact(name, 'v3', a);
+    const from = sim.calls().length;
+    const { log, lines } = logCapture();
+    const rec = await pullSnapshot({
+      registry,
+      cli,
+      repo,
+      tag: 'v3',
+      localName: 'acme/agent:v3',
+      log,
+      progressIntervalMs: 20,
+    });
+    const calls = callsSince(from);
+    assert.equal(rec.id, a.snapshotId);
+    assert.equal(rec.name, 'acme/agent:v3');
+    assert.equal(rec.hypervisor, 'cloud-hypervisor');
+    assert.equal(rec.image, 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04');
+    const shown = await inspect('acme/agent:v3');
+    assert.equal(shown?.id, a.snapshotId);
+    assert.equal(shown?.name, 'acme/agent:v3');
+    assert.equal(shown?.hypervisor, 'cloud-hypervisor');
+    assert.equal(shown?.image, 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04');
+    assert.equal(shown?.cpu, 2);
+    assert.equal(shown?.network, 'cocoon-dhcp');
+    // rm (idempotency) → import → inspect, exact argv (cocoon-cli.md §2).
+    assert.deepEqual(calls, [
+      'snapshot rm acme/agent:v3',
+      'snapshot import --name acme/agent:v3',
+      'snapshot inspect acme/agent:v3',
+    ]);
+    const importCall = sim.calls()[from + 1]!;
+    assert.equal(importCall.exit, 0);
+    // Every layer landed byte-for-byte with its mode (files[].mode, else 0640).
+    const dir = dataDir(a.snapshotId);
+    for (const f of a.files) assert.deepEqual(fs.readFileSync(path.join(dir, f.title)), f.data, f.title);
+    const mode = (f: string) => (fs.statSync(path.join(dir, f)).mode & 0o777).toString(8);
+    assert.equal(mode('memory-ranges'), '644');
+    assert.equal(mode('overlay.qcow2'), '600');
+    assert.equal(mode('config.json'), '640');
+    // stdin carried the tar: snapshot.json (512 + data, padded) + every layer.
+    const payload = a.files.reduce((s, f) => s + f.data.length, 0);
+    assert.ok(importCall.stdinBytes > payload, `${importCall.stdinBytes} <= ${payload}`);
+    assert.ok(lines.some((l) => l.msg === 'snapshot pull: done' && l.totalBytes === payload));
+  });
+
+  it('writes COCOON.sparse.* PAX records the importer honours', async () => {
+    const a = buildArtifact({
+      files: { 'overlay.qcow2': { mode: 0o640, sparseMap: '0,4096,65536,4464', sparseSize: 10_485_760 } },
+    });
+    const name = registry.repository('acme/sparse');
+    await pushArtifact(name, 'latest', a);
+    await pullSnapshot({ registry, cli, repo: 'acme/sparse', tag: 'latest', localName: 'acme/sparse' });
+    // The simulator extends a file to its COCOON.sparse.size, so this proves the record arrived.
+    assert.equal(fs.statSync(path.join(dataDir(a.snapshotId), 'overlay.qcow2')).size, 10_485_760);
+    assert.equal(fs.statSync(path.join(dataDir(a.snapshotId), 'memory-ranges')).size, 300_000);
+  });
+
+  it('resolves an image index (linux/amd64, skipping an unknown/unknown attestation)', async () => {
+    const a = buildArtifact();
+    const name = registry.repository('acme/indexed');
+    await pushArtifact(name, a.digest, a);
+    const attest = buildArtifact();
+    await pushArtifact(name, attest.digest, attest);
+    const index = Buffer.from(
+      JSON.stringify({
+        schemaVersion: 2,
+        mediaType: MEDIA_TYPE.ociIndex,
+        manifests: [
+          {
+            mediaType: MEDIA_TYPE.ociManifest,
+            digest: attest.digest,
+            size: attest.manifest.length,
+            platform: { os: 'unknown', architecture: 'unknown' },
+          },
+          {
+            mediaType: MEDIA_TYPE.ociManifest,
+            digest: a.digest,
+            size: a.manifest.length,
+            platform: { os: 'linux', architecture: 'amd64' },
+          },
+        ],
+      }),
+    );
+    await pushManifest(name, 'multi', index, MEDIA_TYPE.ociIndex);
+    const got = await registry.getManifest(name, parseReference('multi'));
+    assert.ok(got !== 'absent');
+    assert.equal(got.digest, a.digest);
+    assert.equal(got.indexDigest, sha(index));
+    const rec = await pullSnapshot({
+      registry,
+      cli,
+      repo: 'acme/indexed',
+      tag: 'multi',
+      localName: 'acme/indexed:multi',
+    });
+    assert.equal(rec.id, a.snapshotId);
+  });
+
+  it('absent tag: a clear error, nothing imported', async () => {
+    const from = sim.calls().length;
+    await assert.rejects(
+      pullSnapshot({ registry, cli, repo: 'acme/agent', tag: 'missing', localName: 'acme/agent:missing' }),
+      (e: unknown) => {
+        assert.ok(e instanceof SnapshotPullError);
+        assert.equal(e.absent, true);
+        assert.equal(
+          e.message,
+          `pull snapshot ${g.registry.hostPort}/cocoon/acme/agent:missing into acme/agent:missing: not found in the registry`,
+        );
+        return true;
+      },
+    );
+    assert.deepEqual(callsSince(from), []);
+  });
+
+  it('refuses a container image and a config whose schemaVersion disagrees, before any cocoon call', async () => {
+    const name = registry.repository('acme/wrong');
+    const cfg = Buffer.from('{}');
+    const layer = Buffer.from('layer');
+    await pushBlob(name, cfg);
+    await pushBlob(name, layer);
+    const containerManifest = Buffer.from(
+      JSON.stringify({
+        schemaVersion: 2,
+        mediaType: MEDIA_TYPE.ociManifest,
+        config: { mediaType: MEDIA_TYPE.ociImageConfig, digest: sha(cfg), size: cfg.length },
+        layers: [
+          { mediaType: 'application/vnd.oci.image.layer.v1.tar', digest: sha(layer), size: layer.length },
+        ],
+      }),
+    );
+    await pushManifest(name, 'container', containerManifest);
+    const a = buildArtifact({ extraConfig: { schemaVersion: 'v2' } });
+    await pushArtifact(name, 'skewed', a);
+    const from = sim.calls().length;
+    await assert.rejects(
+      pullSnapshot({ registry, cli, repo: 'acme/wrong', tag: 'container', localName: 'w1' }),
+      /not a snapshot artifact \(classified as container-image\)/,
+    );
+    await assert.rejects(
+      pullSnapshot({ registry, cli, repo: 'acme/wrong', tag: 'skewed', localName: 'w2' }),
+      /schemaVersion "v2" disagrees with the artifact type/,
+    );
+    assert.deepEqual(callsSince(from), []);
+  });
+
+  it('SnapshotPuller: one pull per local name for concurrent callers; later callers hit the local copy', async () => {
+    const a = buildArtifact();
+    await pushArtifact(registry.repository('acme/dedup'), 'v7', a);
+    const pulls: string[] = [];
+    const puller = new SnapshotPuller({ registry, cli, onPullDone: (result) => pulls.push(result) });
+    const from = sim.calls().length;
+    const waiter = new AbortController();
+    const results = await Promise.all([
+      puller.ensure('acme/dedup:v7'),
+      puller.ensure('acme/dedup:v7'),
+      puller.ensure('acme/dedup:v7'),
+      // A caller that stops waiting does not stop the pull.
+      puller.ensure('acme/dedup:v7', { signal: waiter.signal }).catch((e: unknown) => e),
+      (async () => {
+        await new Promise((r) => setTimeout(r, 50));
+        waiter.abort(new Error('caller gone'));
+      })(),
+    ]);
+    for (const r of results.slice(0, 3)) assert.equal((r as { id: string }).id, a.snapshotId);
+    const imports = callsSince(from).filter((c) => c.startsWith('snapshot import'));
+    assert.deepEqual(imports, ['snapshot import --name acme/dedup:v7']);
+    assert.deepEqual(pulls, ['ok']);
+    const again = sim.calls().length;
+    assert.equal((await puller.ensure('acme/dedup:v7')).id, a.snapshotId);
+    assert.deepEqual(callsSince(again), ['snapshot inspect acme/dedup:v7']);
+  });
+
+  it('SnapshotPuller without a registry: the pod-to-vm.md §2.3 error', async () => {
+    const puller = new SnapshotPuller({
+      registry: registryFromConfig({ ociRegistry: undefined, registryPlainHttp: false }),
+      cli,
+    });
+    await assert.rejects(puller.ensure('acme/none:v1'), {
+      message: 'snapshot acme/none:v1 not found locally and no registry configured',
+    });
+  });
+});
+
+// --- The in-process fake registry (fault injection) -----------------------------------------
+
+type Fault = 'truncate' | 'mismatch' | 'slow' | 'stall' | number | undefined;
+
+interface SeenRequest {
+  method: string;
+  path: string;
+  authorization: string | undefined;
+}
+
+/** A tiny OCI distribution read API (registry.md §3) with knobs; `other` is a second host. */
+class FakeRegistry {
+  readonly blobs = new Map<string, Buffer>();
+  readonly manifests = new Map<string, Buffer>();
+  readonly seen: SeenRequest[] = [];
+  readonly seenOther: SeenRequest[] = [];
+  readonly tokenRequests: { query: string; authorization: string | undefined }[] = [];
+  auth: 'none' | 'bearer' | 'basic' = 'none';
+  basic = { username: 'puller', password: 'pw' };
+  tokenTtl = 300;
+  redirectBlobs = false;
+  fault: (method: string, path: string) => Fault = () => undefined;
+  #tokens = new Set<string>();
+  #main = http.createServer((req, res) => this.#serve(req, res));
+  #other = http.createServer((req, res) => this.#serveOther(req, res));
+  port = 0;
+  otherPort = 0;
+
+  async start(): Promise<this> {
+    for (const [srv, set] of [
+      [this.#main, (p: number) => (this.port = p)],
+      [this.#other, (p: number) => (this.otherPort = p)],
+    ] as const) {
+      await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+      set((srv.address() as { port: number }).port);
+    }
+    return this;
+  }
+
+  get host(): string {
+    return `127.0.0.1:${this.port}`;
+  }
+
+  async stop(): Promise<void> {
+    for (const srv of [this.#main, this.#other]) {
+      srv.closeAllConnections();
+      await new Promise((r) => srv.close(r));
+    }
+  }
+
+  add(name: string, tag: string, a: Artifact): void {
+    for (const [d, b] of a.blobs) this.blobs.set(d, b);
+    this.manifests.set(`${name}:${tag}`, a.manifest);
+    this.manifests.set(`${name}:${a.digest}`, a.manifest);
+  }
+
+  #authorized(req: http.IncomingMessage): boolean {
+    const h = req.headers.authorization;
+    if (this.auth === 'none') return true;
+    if (this.auth === 'basic') {
+      return h === `Basic ${Buffer.from(`${this.basic.username}:${this.basic.password}`).toString('base64')}`;
+    }
+    return h?.startsWith('Bearer ') === true && this.#tokens.has(h.slice(7));
+  }
+
+  #serve(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const url = new URL(req.url ?? '/', `http://${this.host}`);
+    this.seen.push({
+      method: req.method ?? '',
+      path: url.pathname,
+      authorization: req.headers.authorization,
+    });
+    if (url.pathname === '/token') {
+      this.tokenRequests.push({ query: url.search, authorization: req.headers.authorization });
+      const expected = `Basic ${Buffer.from(`${this.basic.username}:${this.basic.password}`).toString('base64')}`;
+      if (req.headers.authorization !== expected) {
+        res.writeHead(401).end();
+        return;
+      }
+      const token = `tok-${this.tokenRequests.length}`;
+      this.#tokens.add(token);
+      res
+        .writeHead(200, { 'content-type': 'application/json' })
+        .end(JSON.stringify({ token, expires_in: this.tokenTtl }));
+      return;
+    }
+    if (!this.#authorized(req)) {
+      const m = /^\/v2\/(.+)\/(manifests|blobs)\//.exec(url.pathname);
+      const challenge =
+        this.auth === 'bearer'
+          ? `Bearer realm="http://${this.host}/token",service="fake-registry",scope="repository:${m?.[1] ?? ''}:pull"`
+          : 'Basic realm="fake"';
+      res.writeHead(401, { 'www-authenticate': challenge, 'content-type': 'application/json' });
+      res.end(JSON.stringify({ errors: [{ code: 'UNAUTHORIZED', message: 'authentication required' }] }));
+      return;
+    }
+    const fault = this.fault(req.method ?? '', url.pathname);
+    if (typeof fault === 'number') {
+      res.writeHead(fault, { 'content-type': 'application/json' });
+      res.end(JSON.stringify({ errors: [{ code: 'UNKNOWN', message: 'injected failure' }] }));
+      return;
+    }
+    if (url.pathname === '/v2/') {
+      res.writeHead(200).end('{}');
+      return;
+    }
+    const manifest = /^\/v2\/(.+)\/manifests\/([^/]+)$/.exec(url.pathname);
+    if (manifest) {
+      const body = this.manifests.get(`${manifest[1]}:${manifest[2]}`);
+      if (!body) {
+        res.writeHead(404, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ errors: [{ code: 'MANIFEST_UNKNOWN', message: 'manifest unknown' }] }));
+        return;
+      }
+      res.writeHead(200, { 'content-type': MEDIA_TYPE.ociManifest, 'docker-content-digest': sha(body) });
+      res.end(req.method === 'HEAD' ? undefined : body);
+      return;
+    }
+    const blob = /^\/v2\/(.+)\/blobs\/(sha256:[a-f0-9]{64})$/.exec(url.pathname);
+    if (blob) {
+      const digest = blob[2]!;
+      if (!this.blobs.has(digest)) {
+        res
+          .writeHead(404)
+          .end(JSON.stringify({ errors: [{ code: 'BLOB_UNKNOWN', message: 'blob unknown' }] }));
+        return;
+      }
+      if (this.redirectBlobs) {
+        res.writeHead(307, { location: `http://127.0.0.1:${this.otherPort}/storage/${digest}?sig=x` }).end();
+        return;
+      }
+      this.#sendBlob(res, digest, fault);
+      return;
+    }
+    res.writeHead(404).end();
+  }
+
+  #serveOther(req: http.IncomingMessage, res: http.ServerResponse): void {
+    const url = new URL(req.url ?? '/', `http://127.0.0.1:${this.otherPort}`);
+    this.seenOther.push({
+      method: req.method ?? '',
+      path: url.pathname,
+      authorization: req.headers.authorization,
+    });
+    const digest = url.pathname.replace('/storage/', '');
+    if (!this.blobs.has(digest)) {
+      res.writeHead(404).end();
+      return;
+    }
+    this.#sendBlob(res, digest, this.fault(req.method ?? '', `/v2/x/blobs/${digest}`));
+  }
+
+  /** Blob bodies being sent now, and the most at once. */
+  activeBlobs = 0;
+  peakBlobs = 0;
+
+  #sendBlob(res: http.ServerResponse, digest: string, fault: Fault): void {
+    const data = this.blobs.get(digest)!;
+    this.activeBlobs++;
+    this.peakBlobs = Math.max(this.peakBlobs, this.activeBlobs);
+    res.once('close', () => this.activeBlobs--);
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(data.length) });
+    if (fault === 'truncate') {
+      res.write(data.subarray(0, Math.floor(data.length / 2)), () => res.destroy());
+      return;
+    }
+    if (fault === 'stall') {
+      res.write(data.subarray(0, 1000)); // then nothing until the client gives up
+      return;
+    }
+    if (fault === 'mismatch') {
+      res.end(Buffer.alloc(data.length, 0x78));
+      return;
+    }
+    if (fault === 'slow') {
+      let off = 0;
+      const step = Math.ceil(data.length / 10);
+      const timer = setInterval(() => {
+        res.write(data.subarray(off, off + step));
+        off += step;
+        if (off >= data.length) {
+          clearInterval(timer);
+          res.end();
+        }
+      }, 30);
+      return;
+    }
+    res.end(data);
+  }
+}
+
+describe('fake registry (fault injection)', () => {
+  let fake: FakeRegistry;
+  let registry: RegistryClient;
+  const memoryPath = (a: Artifact) => `/v2/cocoon/x/blobs/${sha(a.files[2]!.data)}`;
+
+  before(async () => {
+    fake = await new FakeRegistry().start();
+  });
+  after(async () => {
+    await fake.stop();
+  });
+
+  const fresh = () => {
+    registry?.close();
+    registry = new RegistryClient({ base: `${fake.host}/cocoon` });
+    fake.seen.length = 0;
+    fake.seenOther.length = 0;
+    fake.tokenRequests.length = 0;
+    fake.fault = () => undefined;
+    fake.redirectBlobs = false;
+    fake.auth = 'none';
+    return registry;
+  };
+  after(() => registry?.close());
+
+  const writeDockerConfig = (host: string, user: string, password: string) =>
+    fs.writeFileSync(
+      path.join(dockerDir, 'config.json'),
+      JSON.stringify({ auths: { [host]: { auth: Buffer.from(`${user}:${password}`).toString('base64') } } }),
+    );
+
+  it('Bearer challenge: token from the realm with docker-config Basic credentials, cached per repository', async () => {
+    fresh();
+    fake.auth = 'bearer';
+    writeDockerConfig(fake.host, 'puller', 'pw');
+    const a = buildArtifact();
+    fake.add('cocoon/x', 'v1', a);
+    const rec = await pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/bearer' });
+    assert.equal(rec.id, a.snapshotId);
+    assert.equal(fake.tokenRequests.length, 1, 'one token for the whole pull');
+    const tr = fake.tokenRequests[0]!;
+    assert.equal(new URLSearchParams(tr.query).get('scope'), 'repository:cocoon/x:pull');
+    assert.equal(new URLSearchParams(tr.query).get('service'), 'fake-registry');
+    assert.equal(tr.authorization, `Basic ${Buffer.from('puller:pw').toString('base64')}`);
+    // Anonymous first, then every request carries the token.
+    assert.equal(fake.seen[0]!.authorization, undefined);
+    const after401 = fake.seen.filter((r) => r.path !== '/token').slice(1);
+    assert.ok(after401.length >= 7);
+    for (const r of after401) assert.equal(r.authorization, 'Bearer tok-1', r.path);
+    // A second read of the same repository reuses the cached token; another repository gets its own.
+    assert.notEqual(await registry.headManifest('cocoon/x', parseReference('v1')), 'absent');
+    assert.equal(fake.tokenRequests.length, 1);
+    assert.equal(await registry.headManifest('cocoon/y', parseReference('v1')), 'absent');
+    assert.equal(fake.tokenRequests.length, 2);
+    assert.equal(new URLSearchParams(fake.tokenRequests[1]!.query).get('scope'), 'repository:cocoon/y:pull');
+  });
+
+  it('an expired token is fetched again', async () => {
+    fresh();
+    fake.auth = 'bearer';
+    fake.tokenTtl = 1; // retired 100 ms early
+    writeDockerConfig(fake.host, 'puller', 'pw');
+    fake.add('cocoon/x', 'v1', buildArtifact());
+    try {
+      await registry.headManifest('cocoon/x', parseReference('v1'));
+      await new Promise((r) => setTimeout(r, 1000));
+      await registry.headManifest('cocoon/x', parseReference('v1'));
+      assert.equal(fake.tokenRequests.length, 2);
+    } finally {
+      fake.tokenTtl = 300;
+    }
+  });
+
+  it('Basic challenge: credentials from the docker config; none configured is an auth error', async () => {
+    fresh();
+    fake.auth = 'basic';
+    writeDockerConfig(fake.host, 'puller', 'pw');
+    fake.add('cocoon/x', 'v1', buildArtifact());
+    assert.notEqual(await registry.headManifest('cocoon/x', parseReference('v1')), 'absent');
+    assert.equal(fake.seen.at(-1)!.authorization, `Basic ${Buffer.from('puller:pw').toString('base64')}`);
+    fs.rmSync(path.join(dockerDir, 'config.json'));
+    fresh();
+    fake.auth = 'basic';
+    await assert.rejects(registry.headManifest('cocoon/x', parseReference('v1')), (e: unknown) => {
+      assert.ok(e instanceof RegistryError);
+      assert.equal(e.kind, 'auth');
+      assert.match(e.message, /requires credentials and none are configured/);
+      return true;
+    });
+    writeDockerConfig(fake.host, 'puller', 'wrong');
+    fresh();
+    fake.auth = 'basic';
+    await assert.rejects(registry.headManifest('cocoon/x', parseReference('v1')), {
+      kind: 'auth',
+      status: 401,
+    });
+  });
+
+  it('blob GET follows a 307 to another host without forwarding Authorization', async () => {
+    fresh();
+    fake.auth = 'bearer';
+    fake.redirectBlobs = true;
+    writeDockerConfig(fake.host, 'puller', 'pw');
+    const a = buildArtifact();
+    fake.add('cocoon/x', 'v1', a);
+    const rec = await pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/redirect' });
+    assert.equal(rec.id, a.snapshotId);
+    assert.equal(fake.seenOther.length, 6, 'config + 5 layers from the storage host');
+    for (const r of fake.seenOther) assert.equal(r.authorization, undefined, r.path);
+    assert.ok(fake.seen.some((r) => r.path.includes('/blobs/') && r.authorization === 'Bearer tok-1'));
+  });
+
+  it('5xx and connection refused are errors, not absence; no import starts', async () => {
+    fresh();
+    fake.add('cocoon/x', 'v1', buildArtifact());
+    fake.fault = (_m, p) => (p.includes('/manifests/') ? 503 : undefined);
+    const from = sim.calls().length;
+    await assert.rejects(registry.headManifest('cocoon/x', parseReference('v1')), {
+      kind: 'http',
+      status: 503,
+    });
+    await assert.rejects(
+      pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/5xx' }),
+      (e: unknown) => {
+        assert.ok(e instanceof SnapshotPullError);
+        assert.equal(e.absent, false);
+        assert.match(e.message, /HTTP 503 \(UNKNOWN: injected failure\)/);
+        return true;
+      },
+    );
+    const refused = new RegistryClient({ base: '127.0.0.1:1/cocoon', credentials: [] });
+    await assert.rejects(refused.headManifest('cocoon/x', parseReference('v1')), (e: unknown) => {
+      assert.ok(e instanceof RegistryError);
+      assert.equal(e.kind, 'network');
+      assert.match(e.message, /ECONNREFUSED/);
+      return true;
+    });
+    refused.close();
+    assert.deepEqual(callsSince(from), []);
+  });
+
+  it('digest mismatch in a streamed layer aborts the import and leaves no partial snapshot', async () => {
+    fresh();
+    const a = buildArtifact({ memorySize: 2_000_000 });
+    fake.add('cocoon/x', 'v1', a);
+    fake.fault = (_m, p) => (p === memoryPath(a) ? 'mismatch' : undefined);
+    const dirs = localDirs();
+    const from = sim.calls().length;
+    await assert.rejects(
+      // budget 0: every layer streams straight into the tar, so cocoon already got the bad bytes
+      pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/mismatch', budgetMiB: 0 }),
+      (e: unknown) => {
+        assert.ok(e instanceof SnapshotPullError);
+        assert.match(e.message, new RegExp(`blob ${sha(a.files[2]!.data)}: digest mismatch`));
+        return true;
+      },
+    );
+    const calls = callsSince(from);
+    assert.equal(calls[0], 'snapshot rm fake/mismatch');
+    assert.equal(calls.at(-1), 'snapshot rm fake/mismatch', calls.join('\n'));
+    assert.equal(await inspect('fake/mismatch'), undefined);
+    assert.ok(!(await snapshotNames()).includes('fake/mismatch'));
+    assert.deepEqual(localDirs(), dirs, 'no snapshot data left behind');
+  });
+
+  it('a truncated body (read ahead) aborts and cleans up; a stale local copy is replaced only on success', async () => {
+    fresh();
+    const a = buildArtifact();
+    fake.add('cocoon/x', 'v1', a);
+    await sim.fixtureSnapshot('fake/truncated', {
+      image: 'ghcr.io/acme/old:1',
+      backend: 'cloud-hypervisor',
+      os: 'linux',
+    });
+    fake.fault = (_m, p) => (p === memoryPath(a) ? 'truncate' : undefined);
+    const dirs = localDirs();
+    await assert.rejects(
+      pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/truncated' }),
+      /after \d+ of 300000 bytes|got \d+ of 300000 bytes/,
+    );
+    assert.equal(
+      await inspect('fake/truncated'),
+      undefined,
+      'import removes the name first; failure leaves nothing',
+    );
+    assert.ok(localDirs().length < dirs.length, 'the replaced copy and the partial import are both gone');
+  });
+
+  it('reads ahead in parallel within the budget, sequentially with a zero budget; logs progress', async () => {
+    fresh();
+    const a = buildArtifact();
+    fake.add('cocoon/x', 'v1', a);
+    fake.fault = (m, p) => (m === 'GET' && p.includes('/blobs/') ? 'slow' : undefined);
+    fake.peakBlobs = 0;
+    const { log, lines } = logCapture();
+    await pullSnapshot({
+      registry,
+      cli,
+      repo: 'x',
+      tag: 'v1',
+      localName: 'fake/par',
+      log,
+      progressIntervalMs: 50,
+    });
+    assert.ok(fake.peakBlobs >= 3, `peak ${fake.peakBlobs}`);
+    const progress = lines.filter((l) => l.msg === 'snapshot pull: progress');
+    assert.ok(progress.length >= 2, `${progress.length} progress lines`);
+    const total = a.files.reduce((s, f) => s + f.data.length, 0);
+    for (const p of progress) {
+      assert.equal(p.totalBytes, total);
+      assert.equal(p.snapshot, 'fake/par');
+      assert.ok(typeof p.bytes === 'number' && p.bytes <= total);
+    }
+    fake.peakBlobs = 0;
+    await pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/seq', budgetMiB: 0 });
+    assert.equal(fake.peakBlobs, 1);
+  });
+
+  it('the 30-minute cap (shortened) aborts a stalled pull and cleans up', async () => {
+    fresh();
+    const a = buildArtifact();
+    fake.add('cocoon/x', 'v1', a);
+    fake.fault = (_m, p) => (p === memoryPath(a) ? 'stall' : undefined);
+    const pulls: string[] = [];
+    const puller = new SnapshotPuller({ registry, cli, capMs: 1500, onPullDone: (r) => pulls.push(r) });
+    const from = sim.calls().length;
+    await assert.rejects(puller.ensure('x:v1'), {
+      name: 'SnapshotPullError',
+      message: 'snapshot pull of x:v1 into x:v1 exceeded its 1500 ms cap',
+    });
+    assert.deepEqual(pulls, ['failed']);
+    assert.equal(callsSince(from).at(-1), 'snapshot rm x:v1');
+    assert.equal(await inspect('x:v1'), undefined);
+  });
+});

@@ -1,0 +1,180 @@
+// Randomized soak (seeded, reproducible): many pods with random faults — slow, late and
+// missing leases, failing fixup attempts, exhausted fixups, update bursts, daemon SIGKILLs
+// and an apiserver outage. Every pod must end `ready` or `failed` within its deadline, the
+// outcome must follow from its faults, no pod is `ready` without an IP, and no VM leaks.
+//
+//   VK_SOAK_PODS (default 300)   VK_SOAK_SEED (default 20261130)
+//   npm test -- test/integration/soak.test.ts   (with VK_SOAK_PODS=1000 for a larger run)
+import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { before, test } from 'node:test';
+import type { V1Pod } from '@kubernetes/client-node';
+import { startApiserver, stopApiserver } from '../ground/cluster.ts';
+import { vmPod } from '../ground/kube.ts';
+import { waitFor } from '../ground/proc.ts';
+import { destroySimVms, useWorld, type World } from '../ground/world.ts';
+import { annotate, lifecycle, setKnobs } from './helpers.ts';
+
+const N = Number(process.env.VK_SOAK_PODS ?? 300);
+const SEED = Number(process.env.VK_SOAK_SEED ?? 20261130);
+
+/** mulberry32: a tiny seeded PRNG, so a failing soak can be replayed exactly. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+type Kind = 'dhcp' | 'static' | 'fc' | 'win';
+interface Plan {
+  name: string;
+  vm: string;
+  kind: Kind;
+  leaseDelayMs: number;
+  leaseNever: boolean;
+  execFailures: number;
+  exhaust: boolean;
+  expect: 'ready' | 'failed';
+}
+
+const IMAGES: Record<Kind, [string, Record<string, string>]> = {
+  dhcp: ['soak/dhcp', {}],
+  static: ['soak/static', {}],
+  fc: ['soak/fc', { 'vm.cocoonstack.io/backend': 'firecracker' }],
+  win: ['soak/win', { 'cocoonset.cocoonstack.io/os': 'windows' }],
+};
+
+function makePlans(): Plan[] {
+  const rnd = prng(SEED);
+  const kinds: Kind[] = ['dhcp', 'dhcp', 'static', 'fc', 'win'];
+  return Array.from({ length: N }, (_, i) => {
+    const kind = kinds[Math.floor(rnd() * kinds.length)] as Kind;
+    const dhcp = kind !== 'static';
+    const leaseNever = dhcp && rnd() < 0.05;
+    const fixup = kind !== 'dhcp';
+    const exhaust = fixup && rnd() < 0.02;
+    const execFailures = fixup && !exhaust && rnd() < 0.3 ? 1 + Math.floor(rnd() * 3) : 0;
+    const leaseDelayMs = dhcp ? Math.floor(rnd() * rnd() * 20_000) : 0;
+    return {
+      name: `soak-${i}`,
+      vm: `vk-soak-${i}`,
+      kind,
+      leaseDelayMs,
+      leaseNever,
+      execFailures,
+      exhaust,
+      expect: leaseNever || exhaust ? 'failed' : 'ready',
+    };
+  });
+}
+
+const world = useWorld({ deferDaemon: true });
+let w: World;
+const plans = makePlans();
+
+before(async () => {
+  w = await world();
+  const fx = (name: string, ...args: string[]) => w.sim(['fixture', 'snapshot', name, ...args]);
+  const oci = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
+  await fx('soak/dhcp', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', oci);
+  await fx('soak/static', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', oci, '--static-ip', '10.90.0.5/16,10.90.0.1');
+  await fx('soak/fc', '--backend', 'firecracker', '--os', 'linux', '--image', oci);
+  await fx('soak/win', '--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/win.qcow2');
+  setKnobs(w, {
+    dhcp: {
+      keyByGuestMac: true,
+      vms: plans
+        .filter((p) => p.leaseNever || p.leaseDelayMs > 0)
+        .map((p) => ({ match: `^${p.vm}$`, ...(p.leaseNever ? { never: true } : { leaseDelayMs: p.leaseDelayMs }) })),
+    },
+    guest: {
+      execFailures: plans
+        .filter((p) => p.execFailures > 0)
+        .map((p) => ({ match: `^${p.vm}$`, attempts: p.execFailures, error: 'exec: dial agent: connection refused (cocoon-agent may still be starting; retry shortly)' })),
+    },
+    exec: plans.filter((p) => p.exhaust).map((p) => ({ match: `^${p.vm}$`, argvRegex: '.', error: 'soak: guest refuses' })),
+  });
+  await w.restart();
+});
+
+test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dictate; no VM leaks`, { timeout: 1_500_000 }, async (t) => {
+  const ns = w.namespace;
+  const rnd = prng(SEED ^ 0x5eed);
+  const started = Date.now();
+  const body = (p: Plan): V1Pod => {
+    const [image, extra] = IMAGES[p.kind];
+    return vmPod(p.name, w.nodeName, {
+      'vm.cocoonstack.io/name': p.vm,
+      'cocoonset.cocoonstack.io/image': image,
+      'cocoonset.cocoonstack.io/managed': 'true',
+      ...extra,
+    });
+  };
+  // Create in waves while faults happen.
+  for (let i = 0; i < plans.length; i += 50) {
+    await Promise.all(plans.slice(i, i + 50).map((p) => w.core.createNamespacedPod({ namespace: ns, body: body(p) })));
+  }
+  const chaos = (async () => {
+    for (let round = 0; round < 3; round++) {
+      await new Promise((r) => setTimeout(r, 5_000 + rnd() * 10_000));
+      // Update burst on random pods (another client's annotation churn).
+      const victims = plans.filter(() => rnd() < 0.2);
+      await Promise.all(victims.map((p) => annotate(w.core, ns, p.name, { 'test.cocoonstack.io/churn': String(round) }).catch(() => {})));
+      if (round < 2) {
+        await w.daemon.kill();
+        t.diagnostic(`round ${round}: daemon SIGKILLed at +${((Date.now() - started) / 1000).toFixed(0)} s`);
+        await w.restart();
+      } else {
+        await stopApiserver(w.ground.cluster);
+        t.diagnostic(`round ${round}: apiserver down at +${((Date.now() - started) / 1000).toFixed(0)} s for 10 s`);
+        await new Promise((r) => setTimeout(r, 10_000));
+        await startApiserver(w.ground.cluster);
+        writeFileSync(join(w.ground.cluster.dir, 'cluster.json'), JSON.stringify(w.ground.cluster, null, 2));
+        writeFileSync(join(w.ground.dir, 'ground.json'), JSON.stringify(w.ground, null, 2));
+      }
+    }
+  })();
+  await chaos;
+  let pods: V1Pod[] = [];
+  await waitFor(
+    'every soak pod decided',
+    async () => {
+      pods = (await w.core.listNamespacedPod({ namespace: ns })).items;
+      return pods.filter((p) => ['ready', 'failed'].includes(lifecycle(p))).length === N;
+    },
+    // Deadline 600 s after the VM is bound plus bring-up under load.
+    900_000,
+    2000,
+  );
+  const elapsed = (Date.now() - started) / 1000;
+  const byName = new Map(pods.map((p) => [p.metadata?.name ?? '', p]));
+  const counts: Record<string, number> = {};
+  const mismatches: string[] = [];
+  for (const plan of plans) {
+    const p = byName.get(plan.name);
+    const state = p ? lifecycle(p) : 'missing';
+    const msg = p?.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '';
+    const key = state === 'failed' ? `failed(${msg.includes('dhcp lease') ? 'lease' : msg.includes('soak: guest refuses') ? 'exhausted' : 'other'})` : state;
+    counts[key] = (counts[key] ?? 0) + 1;
+    if (state !== plan.expect) mismatches.push(`${plan.name} ${JSON.stringify(plan)} ended ${state}: ${msg.slice(0, 200)}`);
+    if (state === 'ready') assert.ok(p?.status?.podIP, `${plan.name} is ready without an IP`);
+  }
+  t.diagnostic(`decided ${N} pods in ${elapsed.toFixed(0)} s: ${JSON.stringify(counts)}`);
+  console.log(`soak: seed=${SEED} pods=${N} decided in ${elapsed.toFixed(0)} s ${JSON.stringify(counts)}`);
+  assert.deepEqual(mismatches, []);
+
+  const vms = JSON.parse((await w.sim(['vm', 'list', '-o', 'json'])).trim() || '[]') as { config: { name: string } }[];
+  assert.equal(vms.length, N, 'one VM per pod');
+  assert.equal(new Set(vms.map((v) => v.config.name)).size, N, 'no duplicate VMs');
+  await Promise.all(plans.map((p) => w.core.deleteNamespacedPod({ namespace: ns, name: p.name })));
+  await waitFor('soak pods deleted', async () => (await w.core.listNamespacedPod({ namespace: ns })).items.length === 0, 600_000, 2000);
+  const left = (await w.sim(['vm', 'list', '-o', 'json'])).trim();
+  assert.ok(left === '' || left === '[]' || left === 'No VMs found.', `VMs leaked: ${left.slice(0, 300)}`);
+  await destroySimVms(w);
+});
