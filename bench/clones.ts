@@ -34,8 +34,27 @@ try {
   const cocoonBin = join(dir, 'cocoon-bin');
   symlinkSync(join(repoRoot, 'bin', 'cocoon-sim'), cocoonBin);
   const leasesPath = join(simRoot, 'net', 'leases.json');
-  const env = { ...process.env, COCOON_SIM_ROOT: simRoot, COCOON_ROOT_DIR: simRoot, COCOON_SIM_LEASES: leasesPath };
-  await run(join(repoRoot, 'bin', 'cocoon-sim'), ['fixture', 'snapshot', 'bench/base', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04'], { env });
+  const env = {
+    ...process.env,
+    COCOON_SIM_ROOT: simRoot,
+    COCOON_ROOT_DIR: simRoot,
+    COCOON_SIM_LEASES: leasesPath,
+  };
+  await run(
+    join(repoRoot, 'bin', 'cocoon-sim'),
+    [
+      'fixture',
+      'snapshot',
+      'bench/base',
+      '--backend',
+      'cloud-hypervisor',
+      '--os',
+      'linux',
+      '--image',
+      'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+    ],
+    { env },
+  );
   const daemon = await startDaemon({
     cluster: ground.cluster,
     nodeName: 'bench-node',
@@ -59,7 +78,8 @@ try {
       const name = p.metadata?.name ?? '';
       const id = p.metadata?.annotations?.['vm.cocoonstack.io/id'];
       if (id) vmIdOf.set(name, id);
-      if (p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] === 'ready' && !readyAt.has(name)) readyAt.set(name, Date.now());
+      if (p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] === 'ready' && !readyAt.has(name))
+        readyAt.set(name, Date.now());
     },
     () => {},
   );
@@ -99,7 +119,10 @@ try {
   req.abort();
   const writesAfter = await metricValue(daemon.metricsPort, 'cocoon_vk_api_writes_total');
 
-  const vms = JSON.parse((await run(cocoonBin, ['vm', 'list', '-o', 'json'], { env })).stdout) as { id: string; network_configs: { mac: string }[] }[];
+  const vms = JSON.parse((await run(cocoonBin, ['vm', 'list', '-o', 'json'], { env })).stdout) as {
+    id: string;
+    network_configs: { mac: string }[];
+  }[];
   const macOf = new Map(vms.map((v) => [v.id, v.network_configs[0]?.mac ?? '']));
   const boundToReady: number[] = [];
   const leaseToReady: number[] = [];
@@ -109,9 +132,15 @@ try {
     if (seen !== undefined) leaseToReady.push(at - seen);
   }
   console.log(`\nresults (${N} concurrent clones, zero simulated VM latency, wall ${wall.toFixed(1)} s)`);
-  console.log(`  pod bound -> lifecycle ready: p50 ${pct(boundToReady, 50)} ms, p99 ${pct(boundToReady, 99)} ms`);
-  console.log(`  lease written -> ready:       p50 ${pct(leaseToReady, 50)} ms, p99 ${pct(leaseToReady, 99)} ms (${leaseToReady.length} leases observed)`);
-  console.log(`  apiserver writes per bring-up (reads: one shared pod watch): ${((writesAfter - writesBefore) / N).toFixed(1)}`);
+  console.log(
+    `  pod bound -> lifecycle ready: p50 ${pct(boundToReady, 50)} ms, p99 ${pct(boundToReady, 99)} ms`,
+  );
+  console.log(
+    `  lease written -> ready:       p50 ${pct(leaseToReady, 50)} ms, p99 ${pct(leaseToReady, 99)} ms (${leaseToReady.length} leases observed)`,
+  );
+  console.log(
+    `  apiserver writes per bring-up (reads: one shared pod watch): ${((writesAfter - writesBefore) / N).toFixed(1)}`,
+  );
   await daemon.stop();
   await run(join(repoRoot, 'bin', 'cocoon-sim'), ['__sim', 'reap'], { env }).catch(() => {});
   for (const v of vms) await run(cocoonBin, ['vm', 'rm', '--force', v.id], { env }).catch(() => {});

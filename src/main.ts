@@ -13,17 +13,19 @@ import { KubeletAuthorizer } from './kubelet/auth.ts';
 import { KubeletServer } from './kubelet/server.ts';
 import { loadOrCreateServingCert } from './kubelet/tls.ts';
 import { createLogger } from './log.ts';
+import { lifecycleMetrics } from './metrics/lifecycle.ts';
+import { createMetrics } from './metrics/registry.ts';
+import { startMetricsServer } from './metrics/server.ts';
 import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
 import { PodController } from './pods/controller.ts';
-import { lifecycleMetrics } from './metrics/lifecycle.ts';
-import { createMetrics } from './metrics/registry.ts';
-import { startMetricsServer } from './metrics/server.ts';
+import { CocoonProvider } from './provider/cocoon/provider.ts';
+import { registryFromConfig } from './registry/client.ts';
+import { SnapshotPuller } from './registry/pull.ts';
 import { attachSampler } from './stats/collect.ts';
 import { statsRoutes } from './stats/routes.ts';
 import { StatsSampler } from './stats/sampler.ts';
-import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { VERSION } from './version.ts';
 
 async function main(argv: string[]): Promise<number> {
@@ -80,7 +82,24 @@ async function main(argv: string[]): Promise<number> {
   });
   kube.onWrite = () => apiWrites.inc();
   const events = new EventRecorder(kube, config.nodeName, log);
+  const registry = registryFromConfig(config, log);
+  const puller = registry
+    ? new SnapshotPuller({
+        registry,
+        cli,
+        log,
+        budgetMiB: config.snapshotPullBudgetMiB,
+        concurrency: config.snapshotTransferConcurrency,
+        lifetime: lifetime.signal,
+        onPullDone: (result, seconds) => {
+          metrics.snapshotPull.inc({ result });
+          metrics.snapshotPullDuration.observe(seconds);
+        },
+      })
+    : undefined;
+  if (!registry) log.info('OCI_REGISTRY is not set: clone sources must already exist locally');
   const provider = new CocoonProvider({
+    puller,
     config,
     kube,
     cli,

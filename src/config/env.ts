@@ -172,7 +172,11 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     default: '15',
     meaning: 'lifecycle tick: readiness reconcile and re-flush (1-60)',
   },
-  { name: 'VK_EXEC_WEBSOCKET', default: 'true', meaning: 'declare ExtendWebSocketsToKubelet (false: apiservers translate exec to SPDY)' },
+  {
+    name: 'VK_EXEC_WEBSOCKET',
+    default: 'true',
+    meaning: 'declare ExtendWebSocketsToKubelet (false: apiservers translate exec to SPDY)',
+  },
   { name: 'VK_STREAM_IDLE_TIMEOUT_SECONDS', default: '14400', meaning: 'exec/log stream idle timeout' },
   { name: 'VK_KUBE_QPS', default: '20', meaning: 'client-side API write rate limit (requests/s)' },
   { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side API write burst' },

@@ -9,7 +9,8 @@ export function lifecycleMetrics(m: Metrics): LifecycleMetrics {
     postcloneAttempts: (result, attempts) => m.postcloneRetryAttempts.observe({ result }, attempts),
     ipWait: (namespace, result) => m.wakeIpWait.inc({ namespace, result }),
     renewNudge: (result) => m.wakeRenewNudge.inc({ result }),
-    bootDuration: (namespace, mode, backend, seconds) => m.vmBootDuration.observe({ namespace, mode, backend }, seconds),
+    bootDuration: (namespace, mode, backend, seconds) =>
+      m.vmBootDuration.observe({ namespace, mode, backend }, seconds),
     readinessReconcile: (step) => m.readinessReconcile.inc({ step }),
     readyDeadlineExceeded: () => m.readyDeadlineExceeded.inc(),
     orphanVm: () => m.orphanVm.inc(),

@@ -5,7 +5,14 @@
 // - A health gate: while the runtime does not answer, neither Lease nor status is renewed,
 //   so the node goes NotReady through the normal node lifecycle.
 // - A deleted node is re-created (TS addition, logged).
-import { ListWatch, type V1Lease, type V1Node, type V1NodeCondition, type V1NodeList, Watch } from '@kubernetes/client-node';
+import {
+  ListWatch,
+  type V1Lease,
+  type V1Node,
+  type V1NodeCondition,
+  type V1NodeList,
+  Watch,
+} from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
 import type { Logger } from '../log.ts';
 import type { NodeHealth } from '../provider/types.ts';
@@ -131,13 +138,22 @@ export class NodeAgent {
   #watchOwnNode(): void {
     const fieldSelector = `metadata.name=${this.#name}`;
     const list = () => this.#o.kube.core.listNode({ fieldSelector }) as Promise<V1NodeList>;
-    const w = new ListWatch<V1Node>('/api/v1/nodes', new Watch(this.#o.kube.kc), list, false, undefined, fieldSelector);
+    const w = new ListWatch<V1Node>(
+      '/api/v1/nodes',
+      new Watch(this.#o.kube.kc),
+      list,
+      false,
+      undefined,
+      fieldSelector,
+    );
     w.on('delete', () => void this.#recreate('node object was deleted'));
     w.on('error', () => {
       if (!this.#stopped) setTimeout(() => void w.start().catch(() => {}), 2000).unref();
     });
     this.#nodeWatch = w;
-    void w.start().catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err) }, 'node watch failed'));
+    void w
+      .start()
+      .catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err) }, 'node watch failed'));
   }
 
   #recreate(why: string): Promise<void> {

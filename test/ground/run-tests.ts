@@ -35,15 +35,19 @@ for (const sig of ['SIGINT', 'SIGTERM'] as const) {
   });
 }
 
-const child = spawn(process.execPath, ['--test', '--test-reporter=spec', ...patterns], {
-  cwd: repoRoot,
-  stdio: 'inherit',
-  env: {
-    ...process.env,
-    VK_TEST_GROUND_DIR: dir,
-    PATH: `${join(repoRoot, 'node_modules', '.bin')}:${process.env.PATH}`,
+const child = spawn(
+  process.execPath,
+  ['--test', '--test-concurrency=1', '--test-reporter=spec', ...patterns],
+  {
+    cwd: repoRoot,
+    stdio: 'inherit',
+    env: {
+      ...process.env,
+      VK_TEST_GROUND_DIR: dir,
+      PATH: `${join(repoRoot, 'node_modules', '.bin')}:${process.env.PATH}`,
+    },
   },
-});
+);
 const code: number = await new Promise((resolve) => child.on('close', (c) => resolve(c ?? 1)));
 await teardown(code !== 0);
 process.exit(code);

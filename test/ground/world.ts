@@ -64,7 +64,12 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
       const namespace = await newNamespace(core);
       const nodeName = `vk-${randomBytes(3).toString('hex')}`;
       const logFile = join(dir, 'vk-cocoon.log');
-      const simEnv = { ...process.env, COCOON_SIM_ROOT: simRoot, COCOON_ROOT_DIR: simRoot, COCOON_SIM_LEASES: leasesPath };
+      const simEnv = {
+        ...process.env,
+        COCOON_SIM_ROOT: simRoot,
+        COCOON_ROOT_DIR: simRoot,
+        COCOON_SIM_LEASES: leasesPath,
+      };
       const w: World = {
         ground: g,
         core,
@@ -100,7 +105,12 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
 /** Removes every simulated VM of the world (kills the stand-in processes). */
 export async function destroySimVms(w: World): Promise<void> {
   const out = await run(w.cocoonBin, ['vm', 'list', '-o', 'json'], {
-    env: { ...process.env, COCOON_SIM_ROOT: w.simRoot, COCOON_ROOT_DIR: w.simRoot, COCOON_SIM_LEASES: w.leasesPath },
+    env: {
+      ...process.env,
+      COCOON_SIM_ROOT: w.simRoot,
+      COCOON_ROOT_DIR: w.simRoot,
+      COCOON_SIM_LEASES: w.leasesPath,
+    },
   });
   const text = out.stdout.trim();
   if (!text.startsWith('[')) return;

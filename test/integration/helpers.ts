@@ -54,7 +54,17 @@ export function leaseFor(w: World, mac: string): { ip: string } | undefined {
   return rows.find((r) => r.mac.toLowerCase() === mac.toLowerCase());
 }
 
-export async function simVm(w: World, name: string): Promise<{ id: string; network_configs: { mac: string; network?: { ip: string; prefix: number; gateway: string } | null }[]; hypervisor: string } | undefined> {
+export async function simVm(
+  w: World,
+  name: string,
+): Promise<
+  | {
+      id: string;
+      network_configs: { mac: string; network?: { ip: string; prefix: number; gateway: string } | null }[];
+      hypervisor: string;
+    }
+  | undefined
+> {
   try {
     return JSON.parse(await w.sim(['vm', 'inspect', name]));
   } catch {
@@ -64,10 +74,16 @@ export async function simVm(w: World, name: string): Promise<{ id: string; netwo
 
 export const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
 
-export async function annotate(core: CoreV1Api, ns: string, name: string, annotations: Record<string, string | null>): Promise<void> {
+export async function annotate(
+  core: CoreV1Api,
+  ns: string,
+  name: string,
+  annotations: Record<string, string | null>,
+): Promise<void> {
   await core.patchNamespacedPod({ namespace: ns, name, body: { metadata: { annotations } } }, mergePatch);
 }
 
 export const lifecycle = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] ?? '';
 export const postClone = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack.io/post-clone-state'] ?? '';
-export const isReady = (p: V1Pod) => p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false;
+export const isReady = (p: V1Pod) =>
+  p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false;

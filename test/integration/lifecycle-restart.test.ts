@@ -26,9 +26,41 @@ function pod(name: string, vmName: string, image: string, extra: Record<string, 
 
 before(async () => {
   w = await world();
-  await w.sim(['fixture', 'snapshot', 'win/base', '--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/win11.qcow2']);
-  await w.sim(['fixture', 'snapshot', 'lin/static-oci', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04', '--static-ip', '10.88.3.17/16,10.88.0.1']);
-  await w.sim(['fixture', 'snapshot', 'lin/dhcp', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04']);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'win/base',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'windows',
+    '--image',
+    'https://images.example/win11.qcow2',
+  ]);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'lin/static-oci',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+    '--static-ip',
+    '10.88.3.17/16,10.88.0.1',
+  ]);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'lin/dhcp',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+  ]);
   setKnobs(w, {
     dhcp: {
       windowsApipaWedge: false,
@@ -45,7 +77,10 @@ before(async () => {
 
 test('SIGKILL during the IP wait: after the restart the pod reaches ready', async () => {
   const ns = w.namespace;
-  await w.core.createNamespacedPod({ namespace: ns, body: pod('kill-ipwait', 'vk-kill-ipwait', 'win/base', { 'cocoonset.cocoonstack.io/os': 'windows' }) });
+  await w.core.createNamespacedPod({
+    namespace: ns,
+    body: pod('kill-ipwait', 'vk-kill-ipwait', 'win/base', { 'cocoonset.cocoonstack.io/os': 'windows' }),
+  });
   await waitForPod(w.core, ns, 'kill-ipwait', 'IP wait running', (p) => postClone(p) === 'done', 60_000);
   await w.daemon.kill();
   await w.restart();
@@ -56,7 +91,10 @@ test('SIGKILL during the IP wait: after the restart the pod reaches ready', asyn
 
 test('SIGKILL during the fixup: the fixup runs again after the restart and the pod reaches ready', async () => {
   const ns = w.namespace;
-  await w.core.createNamespacedPod({ namespace: ns, body: pod('kill-fixup', 'vk-kill-fixup', 'lin/static-oci') });
+  await w.core.createNamespacedPod({
+    namespace: ns,
+    body: pod('kill-fixup', 'vk-kill-fixup', 'lin/static-oci'),
+  });
   await waitForPod(w.core, ns, 'kill-fixup', 'fixup running', (p) => postClone(p) === 'running', 60_000);
   await w.daemon.kill();
   const restartedAt = Date.now();
@@ -82,7 +120,10 @@ test('killed between post-clone-state=failed and lifecycle failed: the restart p
   const before = guestCalls(w, 'vk-lost-failed').length;
   await w.restart();
   const p = await waitForPod(w.core, ns, 'lost-failed', 'failed', (x) => lifecycle(x) === 'failed', 30_000);
-  assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'], 'attempt 1: exit status 1 (output: Error: boom)');
+  assert.equal(
+    p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'],
+    'attempt 1: exit status 1 (output: Error: boom)',
+  );
   assert.equal(guestCalls(w, 'vk-lost-failed').length, before);
 });
 
@@ -90,7 +131,14 @@ test('apiserver unreachable around the decision: published within 15 s of recove
   const ns = w.namespace;
   const cluster = w.ground.cluster;
   await w.core.createNamespacedPod({ namespace: ns, body: pod('outage', 'vk-outage', 'lin/dhcp') });
-  await waitForPod(w.core, ns, 'outage', 'VM bound', (p) => !!p.metadata?.annotations?.['vm.cocoonstack.io/id'], 60_000);
+  await waitForPod(
+    w.core,
+    ns,
+    'outage',
+    'VM bound',
+    (p) => !!p.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    60_000,
+  );
   const vm = await simVm(w, 'vk-outage');
   const mac = vm?.network_configs[0]?.mac ?? '';
   await stopApiserver(cluster);

@@ -46,11 +46,55 @@ const SCENARIOS: [string, string, string, Record<string, string>?][] = [
 before(async () => {
   w = await world();
   const fx = (name: string, ...args: string[]) => w.sim(['fixture', 'snapshot', name, ...args]);
-  await fx('lin/dhcp', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04');
-  await fx('lin/static-oci', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04', '--static-ip', '10.88.3.17/16,10.88.0.1');
-  await fx('lin/static-cloud', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'https://cloud-images.ubuntu.com/jammy.img', '--static-ip', '10.88.4.20/24,10.88.4.1');
-  await fx('fc/base', '--backend', 'firecracker', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04');
-  await fx('win/base', '--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/win11.qcow2');
+  await fx(
+    'lin/dhcp',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+  );
+  await fx(
+    'lin/static-oci',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+    '--static-ip',
+    '10.88.3.17/16,10.88.0.1',
+  );
+  await fx(
+    'lin/static-cloud',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'https://cloud-images.ubuntu.com/jammy.img',
+    '--static-ip',
+    '10.88.4.20/24,10.88.4.1',
+  );
+  await fx(
+    'fc/base',
+    '--backend',
+    'firecracker',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+  );
+  await fx(
+    'win/base',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'windows',
+    '--image',
+    'https://images.example/win11.qcow2',
+  );
   setKnobs(w, {
     latency: { 'vm clone': 1500 },
     dhcp: {
@@ -69,11 +113,20 @@ before(async () => {
     `/api/v1/namespaces/${w.namespace}/pods`,
     {},
     (_t: string, p: V1Pod) =>
-      events.push({ name: p.metadata?.name ?? '', lifecycle: lifecycle(p), podIP: p.status?.podIP ?? '', at: Date.now() }),
+      events.push({
+        name: p.metadata?.name ?? '',
+        lifecycle: lifecycle(p),
+        podIP: p.status?.podIP ?? '',
+        at: Date.now(),
+      }),
     () => {},
   );
   stopWatch = () => req.abort();
-  await Promise.all(SCENARIOS.map(([name, vm, image, extra]) => w.core.createNamespacedPod({ namespace: w.namespace, body: pod(name, vm, image, extra) })));
+  await Promise.all(
+    SCENARIOS.map(([name, vm, image, extra]) =>
+      w.core.createNamespacedPod({ namespace: w.namespace, body: pod(name, vm, image, extra) }),
+    ),
+  );
 });
 
 const get = (name: string) => w.core.readNamespacedPod({ namespace: w.namespace, name });
@@ -81,7 +134,12 @@ const readyPod = (name: string, timeoutMs = 90_000) =>
   waitForPod(w.core, w.namespace, name, 'lifecycle ready', (p) => lifecycle(p) === 'ready', timeoutMs);
 
 async function fixupScript(vmName: string): Promise<string> {
-  await waitFor(`fixup exec for ${vmName}`, () => guestCalls(w, vmName).some((c) => c.argv[0] === 'sh'), 60_000, 200);
+  await waitFor(
+    `fixup exec for ${vmName}`,
+    () => guestCalls(w, vmName).some((c) => c.argv[0] === 'sh'),
+    60_000,
+    200,
+  );
   const call = guestCalls(w, vmName).find((c) => c.argv[0] === 'sh');
   assert.equal(call?.argv.length, 3);
   assert.equal(call?.argv[1], '-c');
@@ -154,16 +212,32 @@ test('seed 001, Windows: PnP re-enumerate of present Net devices', async () => {
 });
 
 test('seed 000: a Windows clone with a slow lease and 50 updates during the wait reaches ready; podIP precedes ready', async (t) => {
-  await waitForPod(w.core, w.namespace, 'seed', 'post-clone done (IP wait running)', (p) => postClone(p) === 'done', 60_000);
+  await waitForPod(
+    w.core,
+    w.namespace,
+    'seed',
+    'post-clone done (IP wait running)',
+    (p) => postClone(p) === 'done',
+    60_000,
+  );
   const vm = await simVm(w, 'vk-seed-win');
   const mac = vm?.network_configs[0]?.mac ?? '';
   assert.equal(leaseFor(w, mac), undefined, 'the lease must still be pending during the burst');
-  await Promise.all(Array.from({ length: 50 }, (_, i) => annotate(w.core, w.namespace, 'seed', { 'test.cocoonstack.io/churn': String(i) })));
+  await Promise.all(
+    Array.from({ length: 50 }, (_, i) =>
+      annotate(w.core, w.namespace, 'seed', { 'test.cocoonstack.io/churn': String(i) }),
+    ),
+  );
   let leaseAt = 0;
-  await waitFor('lease for the seed VM', () => {
-    if (leaseFor(w, mac)) leaseAt = Date.now();
-    return leaseAt > 0;
-  }, 60_000, 50);
+  await waitFor(
+    'lease for the seed VM',
+    () => {
+      if (leaseFor(w, mac)) leaseAt = Date.now();
+      return leaseAt > 0;
+    },
+    60_000,
+    50,
+  );
   await readyPod('seed', 30_000);
   // PodReady = probe ∧ lifecycle ready; the probe follows within its fast cadence.
   const p = await waitForPod(w.core, w.namespace, 'seed', 'Ready', isReady, 10_000);
@@ -172,32 +246,62 @@ test('seed 000: a Windows clone with a slow lease and 50 updates during the wait
   assert.ok(readyEvent.at - leaseAt < 25_000, `ready ${readyEvent.at - leaseAt} ms after the lease`);
   t.diagnostic(`ready ${readyEvent.at - leaseAt} ms after the lease appeared`);
   // R8: every version carrying lifecycle=ready already has the podIP.
-  for (const e of events.filter((x) => x.name === 'seed' && x.lifecycle === 'ready')) assert.notEqual(e.podIP, '');
+  for (const e of events.filter((x) => x.name === 'seed' && x.lifecycle === 'ready'))
+    assert.notEqual(e.podIP, '');
   assert.equal(p.status?.podIP, leaseFor(w, mac)?.ip);
   assert.equal(isReady(p), true);
 });
 
 test('seed 000, lease never arrives: failed after 45 s with the exact message; one renew nudge at ~30 s', async () => {
-  const p = await waitForPod(w.core, w.namespace, 'never', 'lifecycle failed', (x) => lifecycle(x) === 'failed', 120_000);
-  assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'], 'clone vk-never-win: dhcp lease not observed within 45s');
+  const p = await waitForPod(
+    w.core,
+    w.namespace,
+    'never',
+    'lifecycle failed',
+    (x) => lifecycle(x) === 'failed',
+    120_000,
+  );
+  assert.equal(
+    p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'],
+    'clone vk-never-win: dhcp lease not observed within 45s',
+  );
   const calls = guestCalls(w, 'vk-never-win');
   const renews = calls.filter((c) => c.argv.join(' ') === 'cmd /c ipconfig /renew');
   assert.equal(renews.length, 1, 'exactly one ipconfig /renew');
   const fixupAt = Date.parse(calls[0]?.ts ?? '');
   const renewAt = Date.parse(renews[0]?.ts ?? '');
-  assert.ok(renewAt - fixupAt >= 29_000 && renewAt - fixupAt < 40_000, `renew ${renewAt - fixupAt} ms after the fixup`);
+  assert.ok(
+    renewAt - fixupAt >= 29_000 && renewAt - fixupAt < 40_000,
+    `renew ${renewAt - fixupAt} ms after the fixup`,
+  );
   assert.equal(isReady(p), false);
-  const ev = await w.core.listNamespacedEvent({ namespace: w.namespace, fieldSelector: 'involvedObject.name=never' });
+  const ev = await w.core.listNamespacedEvent({
+    namespace: w.namespace,
+    fieldSelector: 'involvedObject.name=never',
+  });
   assert.ok(ev.items.some((e) => e.reason === 'PostCloneIPWaitTimeout' && e.type === 'Warning'));
 });
 
 test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a green probe leaves it failed', async () => {
-  const p = await waitForPod(w.core, w.namespace, 'exhaust', 'lifecycle failed', (x) => lifecycle(x) === 'failed', 260_000);
+  const p = await waitForPod(
+    w.core,
+    w.namespace,
+    'exhaust',
+    'lifecycle failed',
+    (x) => lifecycle(x) === 'failed',
+    260_000,
+  );
   const ann = p.metadata?.annotations ?? {};
   assert.equal(postClone(p), 'failed');
   const script = await fixupScript('vk-exhaust-oci');
   const hint = await kubectl(w.ground.cluster, [
-    '-n', w.namespace, 'get', 'pod', 'exhaust', '-o', 'jsonpath={.metadata.annotations.vm\\.cocoonstack\\.io/post-clone-hint}',
+    '-n',
+    w.namespace,
+    'get',
+    'pod',
+    'exhaust',
+    '-o',
+    'jsonpath={.metadata.annotations.vm\\.cocoonstack\\.io/post-clone-hint}',
   ]);
   assert.equal(Buffer.from(hint, 'base64').toString(), script);
   const delivered = guestCalls(w, 'vk-exhaust-oci').length;
@@ -205,10 +309,18 @@ test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a gr
   const lines = (ann['vm.cocoonstack.io/post-clone-errors'] ?? '').split('\n');
   // Every attempt that reached the guest is listed; one more may be the attempt the budget
   // deadline cut off before it reached the guest.
-  assert.ok(lines.length === delivered || lines.length === delivered + 1, `${lines.length} lines, ${delivered} delivered`);
-  lines.slice(0, delivered).forEach((l, i) => assert.match(l, new RegExp(`^attempt ${i + 1}: exit status 1 \\(output: Error: boom\\)$`)));
+  assert.ok(
+    lines.length === delivered || lines.length === delivered + 1,
+    `${lines.length} lines, ${delivered} delivered`,
+  );
+  for (const [i, l] of lines.slice(0, delivered).entries()) {
+    assert.match(l, new RegExp(`^attempt ${i + 1}: exit status 1 \\(output: Error: boom\\)$`));
+  }
   assert.equal(ann['vm.cocoonstack.io/lifecycle-state-message'], ann['vm.cocoonstack.io/post-clone-errors']);
-  const ev = await w.core.listNamespacedEvent({ namespace: w.namespace, fieldSelector: 'involvedObject.name=exhaust' });
+  const ev = await w.core.listNamespacedEvent({
+    namespace: w.namespace,
+    fieldSelector: 'involvedObject.name=exhaust',
+  });
   const warn = ev.items.find((e) => e.reason === 'PostCloneExecExhausted');
   assert.equal(warn?.type, 'Warning');
   assert.match(warn?.message ?? '', /^create: attempt 1: /);
@@ -216,7 +328,8 @@ test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a gr
   await new Promise((r) => setTimeout(r, 3000));
   const later = await get('exhaust');
   assert.equal(lifecycle(later), 'failed');
-  assert.equal(later.status?.podIP, '10.88.3.17');
+  const vm = await simVm(w, 'vk-exhaust-oci');
+  assert.equal(later.status?.podIP, vm?.network_configs[0]?.network?.ip);
   assert.equal(isReady(later), false);
 });
 

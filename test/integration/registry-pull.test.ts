@@ -11,6 +11,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Writable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
+import tar from 'tar-stream';
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { createLogger, silentLogger } from '../../src/log.ts';
@@ -24,6 +25,9 @@ const ground = useGround();
 let g: Ground;
 let sim: SimRoot;
 let cli: CocoonCli;
+/** The same simulator behind a shim that keeps a copy of every import tar (see {@link capturedTar}). */
+let teeCli: CocoonCli;
+let captureDir: string;
 const lifetime = new AbortController();
 /** A docker config dir with credentials for the fake registry (set per test). */
 let dockerDir: string;
@@ -36,6 +40,26 @@ before(async () => {
   dockerDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-docker-'));
   process.env.DOCKER_CONFIG = dockerDir;
   cli = new CocoonCli(sim.cocoonBin, lifetime.signal, silentLogger);
+  // The simulator does not keep the tars it imports; this shim tees the stdin of
+  // `snapshot import --name <n>` to <captureDir>/<n with / and : as _>.tar, then runs it.
+  captureDir = path.join(sim.dir, 'captured');
+  fs.mkdirSync(captureDir);
+  const shim = path.join(sim.dir, 'tee-cocoon');
+  fs.writeFileSync(
+    shim,
+    [
+      '#!/usr/bin/env bash',
+      'if [ "$1" = snapshot ] && [ "$2" = import ] && [ "$3" = --name ]; then',
+      `  tee "${captureDir}/$(printf %s "$4" | tr /: __).tar" | "${sim.cocoonBin}" "$@"`,
+      // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansion
+      '  exit "${PIPESTATUS[1]}"',
+      'fi',
+      `exec "${sim.cocoonBin}" "$@"`,
+      '',
+    ].join('\n'),
+    { mode: 0o755 },
+  );
+  teeCli = new CocoonCli(shim, lifetime.signal, silentLogger);
 });
 
 after(async () => {
@@ -205,6 +229,42 @@ const callsSince = (from: number) =>
     .slice(from)
     .map((c) => c.argv.join(' '));
 
+interface TarEntry {
+  name: string;
+  type: string;
+  mode: number;
+  size: number;
+  mtime: Date;
+  pax: Record<string, string> | null;
+  body: Buffer;
+}
+
+/** The entries of the tar the import of `localName` received (through the tee shim). */
+async function capturedTar(localName: string): Promise<TarEntry[]> {
+  const file = path.join(captureDir, `${localName.replace(/[/:]/g, '_')}.tar`);
+  const extract = tar.extract();
+  const entries: TarEntry[] = [];
+  const reading = (async () => {
+    for await (const entry of extract) {
+      const chunks: Buffer[] = [];
+      for await (const c of entry) chunks.push(c as Buffer);
+      const h = entry.header;
+      entries.push({
+        name: h.name,
+        type: h.type,
+        mode: h.mode,
+        size: h.size,
+        mtime: h.mtime,
+        pax: (h.pax as Record<string, string> | null) ?? null,
+        body: Buffer.concat(chunks),
+      });
+    }
+  })();
+  extract.end(fs.readFileSync(file));
+  await reading;
+  return entries;
+}
+
 function logCapture() {
   const lines: Record<string, unknown>[] = [];
   const sink = new Writable({
@@ -287,9 +347,10 @@ describe('docker-registry 2.8 (real)', () => {
     await pushArtifact(name, 'v3', a);
     const from = sim.calls().length;
     const { log, lines } = logCapture();
+    const started = Date.now();
     const rec = await pullSnapshot({
       registry,
-      cli,
+      cli: teeCli,
       repo,
       tag: 'v3',
       localName: 'acme/agent:v3',
@@ -316,6 +377,42 @@ describe('docker-registry 2.8 (real)', () => {
     ]);
     const importCall = sim.calls()[from + 1]!;
     assert.equal(importCall.exit, 0);
+    // The tar cocoon received: snapshot.json (0644, the translated envelope) first, then every
+    // layer in manifest order with title, blob size, mode and a current mtime.
+    const entries = await capturedTar('acme/agent:v3');
+    assert.deepEqual(
+      entries.map((e) => [e.name, e.type, e.mode.toString(8), e.size]),
+      [
+        ['snapshot.json', 'file', '644', entries[0]!.body.length],
+        ['config.json', 'file', '640', a.files[0]!.data.length],
+        ['state.json', 'file', '640', a.files[1]!.data.length],
+        ['memory-ranges', 'file', '644', a.files[2]!.data.length],
+        ['overlay.qcow2', 'file', '600', a.files[3]!.data.length],
+        ['cidata.img', 'file', '640', a.files[4]!.data.length],
+      ],
+    );
+    assert.deepEqual(JSON.parse(entries[0]!.body.toString()), {
+      version: 1,
+      config: {
+        id: a.snapshotId,
+        name: 'acme/agent:v3',
+        image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+        image_digest: `sha256:${'5f'.repeat(32)}`,
+        image_type: 'oci',
+        image_blob_ids: { '9c1e0d': {} },
+        hypervisor: 'cloud-hypervisor',
+        cpu: 2,
+        memory: 2147483648,
+        storage: 21474836480,
+        nics: 1,
+        network: 'cocoon-dhcp',
+      },
+    });
+    for (const [i, f] of a.files.entries()) assert.deepEqual(entries[i + 1]!.body, f.data, f.title);
+    for (const e of entries) {
+      assert.equal(e.pax, null, `${e.name}: no PAX records without sparse metadata`);
+      assert.ok(e.mtime.getTime() >= Math.floor(started / 1000) * 1000 - 1000, `${e.name} mtime = now`);
+    }
     // Every layer landed byte-for-byte with its mode (files[].mode, else 0640).
     const dir = dataDir(a.snapshotId);
     for (const f of a.files) assert.deepEqual(fs.readFileSync(path.join(dir, f.title)), f.data, f.title);
@@ -335,7 +432,19 @@ describe('docker-registry 2.8 (real)', () => {
     });
     const name = registry.repository('acme/sparse');
     await pushArtifact(name, 'latest', a);
-    await pullSnapshot({ registry, cli, repo: 'acme/sparse', tag: 'latest', localName: 'acme/sparse' });
+    await pullSnapshot({
+      registry,
+      cli: teeCli,
+      repo: 'acme/sparse',
+      tag: 'latest',
+      localName: 'acme/sparse',
+    });
+    const entries = await capturedTar('acme/sparse');
+    const overlay = entries.find((e) => e.name === 'overlay.qcow2');
+    assert.equal(overlay?.pax?.['COCOON.sparse.map'], '0,4096,65536,4464');
+    assert.equal(overlay?.pax?.['COCOON.sparse.size'], '10485760');
+    assert.equal(overlay?.size, 70_000);
+    assert.equal(entries.find((e) => e.name === 'memory-ranges')?.pax, null);
     // The simulator extends a file to its COCOON.sparse.size, so this proves the record arrived.
     assert.equal(fs.statSync(path.join(dataDir(a.snapshotId), 'overlay.qcow2')).size, 10_485_760);
     assert.equal(fs.statSync(path.join(dataDir(a.snapshotId), 'memory-ranges')).size, 300_000);

@@ -83,27 +83,56 @@ before(async () => {
   const fx = (name: string, ...args: string[]) => w.sim(['fixture', 'snapshot', name, ...args]);
   const oci = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
   await fx('soak/dhcp', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', oci);
-  await fx('soak/static', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', oci, '--static-ip', '10.90.0.5/16,10.90.0.1');
+  await fx(
+    'soak/static',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    oci,
+    '--static-ip',
+    '10.90.0.5/16,10.90.0.1',
+  );
   await fx('soak/fc', '--backend', 'firecracker', '--os', 'linux', '--image', oci);
-  await fx('soak/win', '--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/win.qcow2');
+  await fx(
+    'soak/win',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'windows',
+    '--image',
+    'https://images.example/win.qcow2',
+  );
   setKnobs(w, {
     dhcp: {
       keyByGuestMac: true,
       vms: plans
         .filter((p) => p.leaseNever || p.leaseDelayMs > 0)
-        .map((p) => ({ match: `^${p.vm}$`, ...(p.leaseNever ? { never: true } : { leaseDelayMs: p.leaseDelayMs }) })),
+        .map((p) => ({
+          match: `^${p.vm}$`,
+          ...(p.leaseNever ? { never: true } : { leaseDelayMs: p.leaseDelayMs }),
+        })),
     },
     guest: {
       execFailures: plans
         .filter((p) => p.execFailures > 0)
-        .map((p) => ({ match: `^${p.vm}$`, attempts: p.execFailures, error: 'exec: dial agent: connection refused (cocoon-agent may still be starting; retry shortly)' })),
+        .map((p) => ({
+          match: `^${p.vm}$`,
+          attempts: p.execFailures,
+          error: 'exec: dial agent: connection refused (cocoon-agent may still be starting; retry shortly)',
+        })),
     },
-    exec: plans.filter((p) => p.exhaust).map((p) => ({ match: `^${p.vm}$`, argvRegex: '.', error: 'soak: guest refuses' })),
+    exec: plans
+      .filter((p) => p.exhaust)
+      .map((p) => ({ match: `^${p.vm}$`, argvRegex: '.', error: 'soak: guest refuses' })),
   });
   await w.restart();
 });
 
-test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dictate; no VM leaks`, { timeout: 1_500_000 }, async (t) => {
+test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dictate; no VM leaks`, {
+  timeout: 1_500_000,
+}, async (t) => {
   const ns = w.namespace;
   const rnd = prng(SEED ^ 0x5eed);
   const started = Date.now();
@@ -118,21 +147,29 @@ test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dic
   };
   // Create in waves while faults happen.
   for (let i = 0; i < plans.length; i += 50) {
-    await Promise.all(plans.slice(i, i + 50).map((p) => w.core.createNamespacedPod({ namespace: ns, body: body(p) })));
+    await Promise.all(
+      plans.slice(i, i + 50).map((p) => w.core.createNamespacedPod({ namespace: ns, body: body(p) })),
+    );
   }
   const chaos = (async () => {
     for (let round = 0; round < 3; round++) {
       await new Promise((r) => setTimeout(r, 5_000 + rnd() * 10_000));
       // Update burst on random pods (another client's annotation churn).
       const victims = plans.filter(() => rnd() < 0.2);
-      await Promise.all(victims.map((p) => annotate(w.core, ns, p.name, { 'test.cocoonstack.io/churn': String(round) }).catch(() => {})));
+      await Promise.all(
+        victims.map((p) =>
+          annotate(w.core, ns, p.name, { 'test.cocoonstack.io/churn': String(round) }).catch(() => {}),
+        ),
+      );
       if (round < 2) {
         await w.daemon.kill();
         t.diagnostic(`round ${round}: daemon SIGKILLed at +${((Date.now() - started) / 1000).toFixed(0)} s`);
         await w.restart();
       } else {
         await stopApiserver(w.ground.cluster);
-        t.diagnostic(`round ${round}: apiserver down at +${((Date.now() - started) / 1000).toFixed(0)} s for 10 s`);
+        t.diagnostic(
+          `round ${round}: apiserver down at +${((Date.now() - started) / 1000).toFixed(0)} s for 10 s`,
+        );
         await new Promise((r) => setTimeout(r, 10_000));
         await startApiserver(w.ground.cluster);
         writeFileSync(join(w.ground.cluster.dir, 'cluster.json'), JSON.stringify(w.ground.cluster, null, 2));
@@ -160,20 +197,31 @@ test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dic
     const p = byName.get(plan.name);
     const state = p ? lifecycle(p) : 'missing';
     const msg = p?.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '';
-    const key = state === 'failed' ? `failed(${msg.includes('dhcp lease') ? 'lease' : msg.includes('soak: guest refuses') ? 'exhausted' : 'other'})` : state;
+    const key =
+      state === 'failed'
+        ? `failed(${msg.includes('dhcp lease') ? 'lease' : msg.includes('soak: guest refuses') ? 'exhausted' : 'other'})`
+        : state;
     counts[key] = (counts[key] ?? 0) + 1;
-    if (state !== plan.expect) mismatches.push(`${plan.name} ${JSON.stringify(plan)} ended ${state}: ${msg.slice(0, 200)}`);
+    if (state !== plan.expect)
+      mismatches.push(`${plan.name} ${JSON.stringify(plan)} ended ${state}: ${msg.slice(0, 200)}`);
     if (state === 'ready') assert.ok(p?.status?.podIP, `${plan.name} is ready without an IP`);
   }
   t.diagnostic(`decided ${N} pods in ${elapsed.toFixed(0)} s: ${JSON.stringify(counts)}`);
   console.log(`soak: seed=${SEED} pods=${N} decided in ${elapsed.toFixed(0)} s ${JSON.stringify(counts)}`);
   assert.deepEqual(mismatches, []);
 
-  const vms = JSON.parse((await w.sim(['vm', 'list', '-o', 'json'])).trim() || '[]') as { config: { name: string } }[];
+  const vms = JSON.parse((await w.sim(['vm', 'list', '-o', 'json'])).trim() || '[]') as {
+    config: { name: string };
+  }[];
   assert.equal(vms.length, N, 'one VM per pod');
   assert.equal(new Set(vms.map((v) => v.config.name)).size, N, 'no duplicate VMs');
   await Promise.all(plans.map((p) => w.core.deleteNamespacedPod({ namespace: ns, name: p.name })));
-  await waitFor('soak pods deleted', async () => (await w.core.listNamespacedPod({ namespace: ns })).items.length === 0, 600_000, 2000);
+  await waitFor(
+    'soak pods deleted',
+    async () => (await w.core.listNamespacedPod({ namespace: ns })).items.length === 0,
+    600_000,
+    2000,
+  );
   const left = (await w.sim(['vm', 'list', '-o', 'json'])).trim();
   assert.ok(left === '' || left === '[]' || left === 'No VMs found.', `VMs leaked: ${left.slice(0, 300)}`);
   await destroySimVms(w);

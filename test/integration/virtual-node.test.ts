@@ -18,7 +18,17 @@ let w: World;
 
 before(async () => {
   w = await world();
-  await w.sim(['fixture', 'snapshot', SNAPSHOT, '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04']);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    SNAPSHOT,
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+  ]);
 });
 
 function annotations(vmName: string): Record<string, string> {
@@ -69,7 +79,11 @@ describe('node', () => {
     assert.equal(ready?.reason, 'KubeletReady');
     assert.equal(node.metadata?.labels?.type, 'virtual-kubelet');
     assert.equal(node.metadata?.labels?.['cocoonstack.io/pool'], 'default');
-    assert.ok(node.spec?.taints?.some((x) => x.key === 'virtual-kubelet.io/provider' && x.value === 'cocoon' && x.effect === 'NoSchedule'));
+    assert.ok(
+      node.spec?.taints?.some(
+        (x) => x.key === 'virtual-kubelet.io/provider' && x.value === 'cocoon' && x.effect === 'NoSchedule',
+      ),
+    );
     assert.equal(node.status?.addresses?.[0]?.type, 'InternalIP');
     assert.equal(node.status?.addresses?.[0]?.address, '127.0.0.1');
     assert.equal(node.status?.daemonEndpoints?.kubeletEndpoint?.Port, w.daemon.kubeletPort);
@@ -108,7 +122,10 @@ describe('node', () => {
       async () => {
         try {
           const n = await w.core.readNode({ name: w.nodeName });
-          return n.metadata?.uid !== before.metadata?.uid && n.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
+          return (
+            n.metadata?.uid !== before.metadata?.uid &&
+            n.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true
+          );
         } catch {
           return false;
         }
@@ -122,8 +139,17 @@ describe('node', () => {
 describe('pods', () => {
   test('a VM pod reaches Running, serves kubectl logs and exec, and is deleted with its VM', async () => {
     const ns = w.namespace;
-    await w.core.createNamespacedPod({ namespace: ns, body: vmPod('agent-0', w.nodeName, annotations('vk-it-agent-0')) });
-    const pod = await waitForPod(w.core, ns, 'agent-0', 'Running and Ready', (p) => p.status?.phase === 'Running' && podReady(p));
+    await w.core.createNamespacedPod({
+      namespace: ns,
+      body: vmPod('agent-0', w.nodeName, annotations('vk-it-agent-0')),
+    });
+    const pod = await waitForPod(
+      w.core,
+      ns,
+      'agent-0',
+      'Running and Ready',
+      (p) => p.status?.phase === 'Running' && podReady(p),
+    );
     assert.match(pod.status?.podIP ?? '', /^172\.20\.100\.\d+$/);
     const vms = await simVms();
     const vm = vms.find((v) => v.config.name === 'vk-it-agent-0');
@@ -134,31 +160,54 @@ describe('pods', () => {
     assert.match(logs, /vk-it-agent-0/);
     const hi = await kubectl(w.ground.cluster, ['-n', ns, 'exec', 'agent-0', '--', 'echo', 'hi']);
     assert.equal(hi, 'hi\n');
-    const echoed = await kubectl(w.ground.cluster, ['-n', ns, 'exec', '-i', 'agent-0', '--', 'cat'], 'from stdin\n');
+    const echoed = await kubectl(
+      w.ground.cluster,
+      ['-n', ns, 'exec', '-i', 'agent-0', '--', 'cat'],
+      'from stdin\n',
+    );
     assert.equal(echoed, 'from stdin\n');
     await assert.rejects(kubectl(w.ground.cluster, ['-n', ns, 'exec', 'agent-0', '--', 'false']), /exited 1/);
 
     await kubectl(w.ground.cluster, ['-n', ns, 'delete', 'pod', 'agent-0', '--wait=true', '--timeout=30s']);
     await waitForPodGone(w.core, ns, 'agent-0');
-    assert.equal((await simVms()).some((v) => v.config.name === 'vk-it-agent-0'), false, 'VM removed');
+    assert.equal(
+      (await simVms()).some((v) => v.config.name === 'vk-it-agent-0'),
+      false,
+      'VM removed',
+    );
   });
 
   test('the kubelet API rejects anonymous, wrong-CA and unauthorized callers and serves the apiserver', async () => {
     const pki = join(w.ground.cluster.dir, 'pki');
     assert.equal((await kubeletGet('/pods')).status, 401, 'anonymous');
     assert.equal(
-      (await kubeletGet('/pods', { cert: join(pki, 'rogue-client.crt'), key: join(pki, 'rogue-client.key') })).status,
+      (await kubeletGet('/pods', { cert: join(pki, 'rogue-client.crt'), key: join(pki, 'rogue-client.key') }))
+        .status,
       401,
       'client certificate from an untrusted CA',
     );
     assert.equal((await kubeletGet('/pods', { token: 'not-a-token' })).status, 401, 'unknown token');
-    assert.equal((await kubeletGet('/pods', { token: w.ground.cluster.tokens.nobody })).status, 403, 'authenticated but not authorized');
-    const viaCert = await kubeletGet('/pods', { cert: join(pki, 'kubelet-client.crt'), key: join(pki, 'kubelet-client.key') });
+    assert.equal(
+      (await kubeletGet('/pods', { token: w.ground.cluster.tokens.nobody })).status,
+      403,
+      'authenticated but not authorized',
+    );
+    const viaCert = await kubeletGet('/pods', {
+      cert: join(pki, 'kubelet-client.crt'),
+      key: join(pki, 'kubelet-client.key'),
+    });
     assert.equal(viaCert.status, 200, 'the apiserver kubelet-client certificate');
     assert.equal(JSON.parse(viaCert.body).kind, 'PodList');
-    assert.equal((await kubeletGet('/runningpods/', { token: w.ground.cluster.tokens.admin })).status, 200, 'admin token via TokenReview');
+    assert.equal(
+      (await kubeletGet('/runningpods/', { token: w.ground.cluster.tokens.admin })).status,
+      200,
+      'admin token via TokenReview',
+    );
     assert.equal((await kubeletGet('/healthz')).status, 200);
-    assert.equal((await kubeletGet('/nope', { token: w.ground.cluster.tokens.admin })).body, '404 request not found');
+    assert.equal(
+      (await kubeletGet('/nope', { token: w.ground.cluster.tokens.admin })).body,
+      '404 request not found',
+    );
   });
 
   test('200 pods created and deleted concurrently: none left Terminating, no VM leaked, one VM per pod', async (t) => {
@@ -167,13 +216,21 @@ describe('pods', () => {
     const names = Array.from({ length: n }, (_, i) => `many-${i}`);
     const t0 = Date.now();
     await Promise.all(
-      names.map((name) => w.core.createNamespacedPod({ namespace: ns, body: vmPod(name, w.nodeName, annotations(`vk-it-${name}`)) })),
+      names.map((name) =>
+        w.core.createNamespacedPod({
+          namespace: ns,
+          body: vmPod(name, w.nodeName, annotations(`vk-it-${name}`)),
+        }),
+      ),
     );
     await waitFor(
       `${n} pods Running`,
       async () => {
         const list = await w.core.listNamespacedPod({ namespace: ns, labelSelector: undefined });
-        return list.items.filter((p) => p.metadata?.name?.startsWith('many-') && p.status?.phase === 'Running').length === n;
+        return (
+          list.items.filter((p) => p.metadata?.name?.startsWith('many-') && p.status?.phase === 'Running')
+            .length === n
+        );
       },
       600_000,
       1000,
@@ -192,7 +249,10 @@ describe('pods', () => {
     await Promise.all(names.map((name) => w.core.deleteNamespacedPod({ namespace: ns, name })));
     await waitFor(
       'all pods gone',
-      async () => (await w.core.listNamespacedPod({ namespace: ns })).items.filter((p) => p.metadata?.name?.startsWith('many-')).length === 0,
+      async () =>
+        (await w.core.listNamespacedPod({ namespace: ns })).items.filter((p) =>
+          p.metadata?.name?.startsWith('many-'),
+        ).length === 0,
       600_000,
       1000,
     );
@@ -206,17 +266,53 @@ describe('exec over SPDY (node without ExtendWebSocketsToKubelet)', () => {
   const spdyWorld = useWorld({ env: { VK_EXEC_WEBSOCKET: 'false' } });
   test('exit codes, stdin and output survive the apiserver SPDY translation', async () => {
     const sw = await spdyWorld();
-    await sw.sim(['fixture', 'snapshot', SNAPSHOT, '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04']);
+    await sw.sim([
+      'fixture',
+      'snapshot',
+      SNAPSHOT,
+      '--backend',
+      'cloud-hypervisor',
+      '--os',
+      'linux',
+      '--image',
+      'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+    ]);
     const node = await sw.core.readNode({ name: sw.nodeName });
     assert.equal(node.status?.declaredFeatures, undefined);
-    await sw.core.createNamespacedPod({ namespace: sw.namespace, body: vmPod('spdy-0', sw.nodeName, annotations('vk-spdy-0')) });
+    await sw.core.createNamespacedPod({
+      namespace: sw.namespace,
+      body: vmPod('spdy-0', sw.nodeName, annotations('vk-spdy-0')),
+    });
     await waitForPod(sw.core, sw.namespace, 'spdy-0', 'Running', (p) => p.status?.phase === 'Running');
-    const hi = await kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', 'spdy-0', '--', 'echo', 'over', 'spdy']);
+    const hi = await kubectl(sw.ground.cluster, [
+      '-n',
+      sw.namespace,
+      'exec',
+      'spdy-0',
+      '--',
+      'echo',
+      'over',
+      'spdy',
+    ]);
     assert.equal(hi, 'over spdy\n');
-    const echoed = await kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', '-i', 'spdy-0', '--', 'cat'], 'x'.repeat(200_000));
+    const echoed = await kubectl(
+      sw.ground.cluster,
+      ['-n', sw.namespace, 'exec', '-i', 'spdy-0', '--', 'cat'],
+      'x'.repeat(200_000),
+    );
     assert.equal(echoed.length, 200_000);
-    await assert.rejects(kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', 'spdy-0', '--', 'false']), /exited 1/);
-    const out = await run(join(sw.ground.cluster.binDir, 'kubectl'), ['--kubeconfig', sw.ground.cluster.kubeconfig, '-n', sw.namespace, 'logs', 'spdy-0']);
+    await assert.rejects(
+      kubectl(sw.ground.cluster, ['-n', sw.namespace, 'exec', 'spdy-0', '--', 'false']),
+      /exited 1/,
+    );
+    const out = await run(join(sw.ground.cluster.binDir, 'kubectl'), [
+      '--kubeconfig',
+      sw.ground.cluster.kubeconfig,
+      '-n',
+      sw.namespace,
+      'logs',
+      'spdy-0',
+    ]);
     assert.match(out.stdout, /vk-spdy-0/);
   });
 });

@@ -26,9 +26,10 @@ import { localSnapshotName, splitCloneImage } from '../../vmspec/snapshot-name.t
 import { isCloudImageUrl } from '../../vmspec/types.ts';
 import type { ProviderContext } from './context.ts';
 
-/** Pulls a clone-source snapshot from the registry into a local name (registry.md §5). */
+/** Pulls a clone-source snapshot from the registry into its local name (registry.md §5),
+ * de-duplicated per local name; `src/registry/pull.ts` implements it. */
 export interface SnapshotPuller {
-  pull(repo: string, tag: string, localName: string, log: Logger): Promise<void>;
+  ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
 }
 
 export interface BringUpResult {
@@ -87,7 +88,7 @@ export async function cloneBringUp(
   if (!snap) {
     if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
     log.info({ snapshot: local, repo, tag }, 'clone source missing locally; pulling it from the registry');
-    await puller.pull(repo, tag, local, log);
+    await puller.ensure(spec.image, { log });
     snap = await inspectSnapshot(ctx, local);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
   }

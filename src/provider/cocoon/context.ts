@@ -263,7 +263,11 @@ export async function failOp(
 
 /** The pod's lifecycle annotations differ from our intent (a stale copy came back, R6):
  * mark it unflushed so the next flush re-asserts it. */
-export function reassertIfStale(rec: PodRecord, incoming: Record<string, string> | undefined, incomingRV?: string): void {
+export function reassertIfStale(
+  rec: PodRecord,
+  incoming: Record<string, string> | undefined,
+  incomingRV?: string,
+): void {
   const intent = rec.intent;
   if (!intent) return;
   // A copy older than our own last write is watch lag, not a stale writer: the newer

@@ -11,7 +11,12 @@ import { parseVmList, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError, killGroup } from '../../cocoon/runner.ts';
 import { apiErrorMessage } from '../../kube/client.ts';
 import type { ExecOutcome, ExecStreams } from '../../kubelet/streams/exec-session.ts';
-import { KEEP_SNAPSHOT_ON_DELETE, POST_CLONE_STATE, VM_ID, VM_IP } from '../../lifecycle/annotations.ts';
+import {
+  KEEP_SNAPSHOT_ON_DELETE,
+  LIFECYCLE_OBSERVED_GENERATION,
+  VM_ID,
+  VM_IP,
+} from '../../lifecycle/annotations.ts';
 import { echoGeneration, seedFromAnnotations } from '../../lifecycle/intent.ts';
 import { releaseLease } from '../../net/release.ts';
 import { KeyedQueue } from '../../util/keyed-queue.ts';
@@ -398,7 +403,7 @@ export class CocoonProvider implements Provider {
       if (echo.changed) {
         rec.intent = { ...echo.record };
         applyAnnotations(rec, {
-          'vm.cocoonstack.io/lifecycle-observed-generation': echo.record.generation.toString(),
+          [LIFECYCLE_OBSERVED_GENERATION]: echo.record.generation.toString(),
         });
       }
     }

@@ -369,7 +369,12 @@ async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise
         errors.push(text);
         log.info({ attempt: attempts, err: text }, 'post-clone fixup attempt failed');
         await ifStillOwner(ctx, rec, job, () => {
-          ctx.events.event(rec.pod, 'Warning', 'PostCloneExecAttemptFailed', truncateUtf8(entry, EVENT_MESSAGE_MAX_BYTES));
+          ctx.events.event(
+            rec.pod,
+            'Warning',
+            'PostCloneExecAttemptFailed',
+            truncateUtf8(entry, EVENT_MESSAGE_MAX_BYTES),
+          );
         });
         await abortableSleep(Math.min(FIXUP_RETRY_DELAY_MS, Math.max(0, budgetEnd - Date.now())), signal);
       }

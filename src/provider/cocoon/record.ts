@@ -5,8 +5,6 @@
 // idempotent) and an IP wait starts over.
 import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';
-import type { IntentRecord } from '../../lifecycle/intent.ts';
-import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
 import {
   LIFECYCLE_OBSERVED_GENERATION,
   LIFECYCLE_STATE,
@@ -17,6 +15,8 @@ import {
   VM_ID,
   VM_IP,
 } from '../../lifecycle/annotations.ts';
+import type { IntentRecord } from '../../lifecycle/intent.ts';
+import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
 import type { VMSpec } from '../../vmspec/decode.ts';
 
 /** In-memory progress of the readiness steps, keyed by the VM ID it was recorded for. */
