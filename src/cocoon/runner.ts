@@ -55,8 +55,34 @@ export function killGroup(child: ChildProcess): void {
   }
 }
 
+/** Bounds concurrent cocoon invocations: a burst of pods must not fork hundreds of
+ * cocoon processes at once on a host that also runs the VMs. Streaming children (exec,
+ * logs, events) are not counted: they live as long as their clients. */
+class Semaphore {
+  #free: number;
+  #waiters: (() => void)[] = [];
+  constructor(n: number) {
+    this.#free = n;
+  }
+  async acquire(): Promise<() => void> {
+    if (this.#free > 0) this.#free--;
+    else await new Promise<void>((r) => this.#waiters.push(r));
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const next = this.#waiters.shift();
+      if (next) next();
+      else this.#free++;
+    };
+  }
+}
+
+export const MAX_CONCURRENT_CLI_CALLS = 24;
+
 export class CocoonCli {
   readonly bin: string;
+  readonly #slots = new Semaphore(MAX_CONCURRENT_CLI_CALLS);
   readonly #lifetime: AbortSignal;
   readonly #log: Logger;
   readonly #children = new Set<ChildProcess>();
@@ -93,6 +119,15 @@ export class CocoonCli {
 
   /** Runs a verb to completion; rejects with CocoonCommandError on any failure. */
   async run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
+    const release = await this.#slots.acquire();
+    try {
+      return await this.#run(argv, opts);
+    } finally {
+      release();
+    }
+  }
+
+  async #run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
     const json = isJsonVerb(argv);
     const started = performance.now();
     const deadline = AbortSignal.timeout(opts.timeoutMs);

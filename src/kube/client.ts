@@ -119,6 +119,16 @@ export class Kube {
     return await fn();
   }
 
+  /** Node heartbeat writes (Lease, node status) use their own small bucket, so a burst of
+   * pod writes can never starve the heartbeat and turn the node NotReady. */
+  readonly heartbeatWrites = new TokenBucket(5, 10);
+
+  async heartbeatWrite<T>(fn: () => Promise<T>): Promise<T> {
+    await this.heartbeatWrites.take();
+    this.onWrite();
+    return await fn();
+  }
+
   /** PEM bundle of the cluster CA from the kubeconfig (the default client CA). */
   clusterCaPem(): string | undefined {
     const cluster = this.kc.getCurrentCluster();

@@ -81,7 +81,7 @@ export class NodeAgent {
     const { core } = this.#o.kube;
     const body = desiredNode(this.#o.facts, new Date());
     try {
-      const created = await this.#o.kube.write(() => core.createNode({ body }));
+      const created = await this.#o.kube.heartbeatWrite(() => core.createNode({ body }));
       this.#uid = created.metadata?.uid;
       this.#log.info({ uid: this.#uid }, 'node registered');
     } catch (err) {
@@ -116,7 +116,9 @@ export class NodeAgent {
         'cocoonstack.io/snapshot-cpu-class'
       ] = null;
     }
-    await this.#o.kube.write(() => core.patchNode({ name: this.#name, body: patch }, strategicMergePatch));
+    await this.#o.kube.heartbeatWrite(() =>
+      core.patchNode({ name: this.#name, body: patch }, strategicMergePatch),
+    );
   }
 
   start(): void {
@@ -222,7 +224,7 @@ export class NodeAgent {
     for (let attempt = 1; attempt <= 5; attempt++) {
       const status = desiredNodeStatus(this.#o.facts, new Date(), this.#conditions);
       try {
-        const res = await this.#o.kube.write(() =>
+        const res = await this.#o.kube.heartbeatWrite(() =>
           core.patchNodeStatus({ name: this.#name, body: { status } }, strategicMergePatch),
         );
         this.#conditions = status.conditions;
@@ -274,7 +276,7 @@ export class NodeAgent {
     for (let attempt = 1; attempt <= 5 && !this.#stopped; attempt++) {
       try {
         if (this.#lease) {
-          this.#lease = await this.#o.kube.write(() =>
+          this.#lease = await this.#o.kube.heartbeatWrite(() =>
             api.replaceNamespacedLease({
               name: this.#name,
               namespace: LEASE_NAMESPACE,
@@ -287,7 +289,7 @@ export class NodeAgent {
           this.#lease = await api.readNamespacedLease({ name: this.#name, namespace: LEASE_NAMESPACE });
         } catch (err) {
           if (apiStatus(err) !== 404) throw err;
-          this.#lease = await this.#o.kube.write(() =>
+          this.#lease = await this.#o.kube.heartbeatWrite(() =>
             api.createNamespacedLease({ namespace: LEASE_NAMESPACE, body: this.#leaseBody(undefined) }),
           );
           return;

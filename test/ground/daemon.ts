@@ -78,7 +78,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
       const res = await httpsGet(`https://127.0.0.1:${kubeletPort}/healthz`).catch(() => undefined);
       return res?.status === 200;
     },
-    30_000,
+    60_000,
     100,
   ).catch(async (err) => {
     if (isAlive(pid)) await stopPid(pid, 1000);

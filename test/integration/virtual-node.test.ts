@@ -210,6 +210,72 @@ describe('pods', () => {
     );
   });
 
+  test('a pod waiting for a mandatory ConfigMap stays Pending without a VM and starts when it appears', async () => {
+    const ns = w.namespace;
+    const body = vmPod('needs-cm', w.nodeName, annotations('vk-it-needs-cm'));
+    body.spec!.containers[0]!.env = [
+      { name: 'X', valueFrom: { configMapKeyRef: { name: 'late-cm', key: 'x' } } },
+    ];
+    await w.core.createNamespacedPod({ namespace: ns, body });
+    await waitFor(
+      'MandatoryConfigMapNotFound event',
+      async () =>
+        (
+          await w.core.listNamespacedEvent({ namespace: ns, fieldSelector: 'involvedObject.name=needs-cm' })
+        ).items.some((e) => e.reason === 'MandatoryConfigMapNotFound'),
+      30_000,
+      200,
+    );
+    assert.equal(
+      (await simVms()).some((v) => v.config.name === 'vk-it-needs-cm'),
+      false,
+      'no VM while blocked',
+    );
+    await w.core.createNamespacedConfigMap({
+      namespace: ns,
+      body: { metadata: { name: 'late-cm' }, data: { x: '1' } },
+    });
+    await waitForPod(
+      w.core,
+      ns,
+      'needs-cm',
+      'Running once the ConfigMap exists',
+      (p) => p.status?.phase === 'Running',
+      30_000,
+    );
+    await w.core.deleteNamespacedPod({ namespace: ns, name: 'needs-cm' });
+    await waitForPodGone(w.core, ns, 'needs-cm');
+  });
+
+  test('stats: /stats/summary lists the pod and /metrics/resource has timestamped samples', async () => {
+    const ns = w.namespace;
+    await w.core.createNamespacedPod({
+      namespace: ns,
+      body: vmPod('stats-0', w.nodeName, annotations('vk-it-stats-0')),
+    });
+    await waitForPod(w.core, ns, 'stats-0', 'Running', (p) => p.status?.phase === 'Running');
+    const token = w.ground.cluster.tokens.metrics;
+    const summary = await kubeletGet('/stats/summary', { token });
+    assert.equal(summary.status, 200, summary.body);
+    const doc = JSON.parse(summary.body) as {
+      node: { nodeName: string };
+      pods: { podRef: { name: string }; containers: { name: string }[] }[];
+    };
+    assert.equal(doc.node.nodeName, w.nodeName);
+    const mine = doc.pods.find((p) => p.podRef.name === 'stats-0');
+    assert.equal(mine?.containers[0]?.name, 'agent');
+    const res = await kubeletGet('/metrics/resource', { token });
+    assert.equal(res.status, 200);
+    const sample = res.body
+      .split('\n')
+      .find((l) => l.startsWith('container_memory_working_set_bytes{') && l.includes('pod="stats-0"'));
+    assert.ok(sample, res.body.slice(0, 500));
+    assert.match(sample, / \d+ \d{13}$/, 'value and a millisecond timestamp');
+    assert.equal((await kubeletGet('/stats/summary', { token: w.ground.cluster.tokens.nobody })).status, 403);
+    await w.core.deleteNamespacedPod({ namespace: ns, name: 'stats-0' });
+    await waitForPodGone(w.core, ns, 'stats-0');
+  });
+
   test('200 pods created and deleted concurrently: none left Terminating, no VM leaked, one VM per pod', async (t) => {
     const ns = w.namespace;
     const n = Number(process.env.VK_IT_PODS ?? 200);
@@ -259,6 +325,38 @@ describe('pods', () => {
     t.diagnostic(`${n} pods deleted after ${((Date.now() - t1) / 1000).toFixed(1)} s`);
     const left = (await simVms()).filter((v) => v.config.name.startsWith('vk-it-many-'));
     assert.equal(left.length, 0, 'no VM leaked');
+  });
+});
+
+describe('shutdown', () => {
+  test('SIGTERM stops the daemon with exit code 0; a restart adopts the running VMs', async () => {
+    const ns = w.namespace;
+    await w.core.createNamespacedPod({
+      namespace: ns,
+      body: vmPod('survivor', w.nodeName, annotations('vk-it-survivor')),
+    });
+    const before = await waitForPod(
+      w.core,
+      ns,
+      'survivor',
+      'ready',
+      (p) => p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] === 'ready',
+    );
+    assert.equal(await w.daemon.stop(), 0);
+    await w.restart();
+    await new Promise((r) => setTimeout(r, 3000));
+    const after = await w.core.readNamespacedPod({ namespace: ns, name: 'survivor' });
+    assert.equal(
+      after.metadata?.annotations?.['vm.cocoonstack.io/id'],
+      before.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    );
+    assert.equal(
+      (await simVms()).filter((v) => v.config.name === 'vk-it-survivor').length,
+      1,
+      'no second VM',
+    );
+    await w.core.deleteNamespacedPod({ namespace: ns, name: 'survivor' });
+    await waitForPodGone(w.core, ns, 'survivor');
   });
 });
 
