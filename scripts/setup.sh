@@ -7,9 +7,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 say() { echo "setup: $*" >&2; }
-if [ ! -x node_modules/.bin/node ] || ! cmp -s package-lock.json node_modules/.package-lock.json 2>/dev/null; then
+lock_hash="$(sha256sum package-lock.json | cut -d' ' -f1)"
+if [ ! -x node_modules/.bin/node ] || [ "$(cat node_modules/.vk-lock-hash 2>/dev/null)" != "$lock_hash" ]; then
   say "installing npm dependencies (Node.js 24 comes from the npm registry)"
   npm ci --no-audit --no-fund >&2
+  echo "$lock_hash" > node_modules/.vk-lock-hash
 fi
 v="$(node_modules/.bin/node --version)"
 case "$v" in v24.*) ;; *) say "node_modules/.bin/node is $v, expected v24"; exit 1 ;; esac

@@ -16,15 +16,60 @@ const OCI = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
 
 before(async () => {
   w = await world();
-  await w.sim(['fixture', 'snapshot', 'acme/agent', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', OCI]);
-  await w.sim(['fixture', 'snapshot', 'acme/agent:v3', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', OCI]);
-  await w.sim(['fixture', 'snapshot', 'acme/win', '--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/w.qcow2']);
-  await w.sim(['fixture', 'snapshot', 'acme/fc', '--backend', 'firecracker', '--os', 'linux', '--image', OCI]);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'acme/agent',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    OCI,
+  ]);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'acme/agent:v3',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    OCI,
+  ]);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'acme/win',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'windows',
+    '--image',
+    'https://images.example/w.qcow2',
+  ]);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'acme/fc',
+    '--backend',
+    'firecracker',
+    '--os',
+    'linux',
+    '--image',
+    OCI,
+  ]);
 });
 
-function create(name: string, annotations: Record<string, string>, resources?: V1Pod['spec']): Promise<unknown> {
+function create(
+  name: string,
+  annotations: Record<string, string>,
+  resources?: V1Pod['spec'],
+): Promise<unknown> {
   const body = vmPod(name, w.nodeName, annotations);
-  if (resources?.containers?.[0]?.resources) body.spec!.containers[0]!.resources = resources.containers[0].resources;
+  if (resources?.containers?.[0]?.resources)
+    body.spec!.containers[0]!.resources = resources.containers[0].resources;
   return w.core.createNamespacedPod({ namespace: w.namespace, body });
 }
 
@@ -32,7 +77,10 @@ const argvOf = (verb: string, vmName: string) =>
   cliCalls(w).find((c) => c.argv[0] === 'vm' && c.argv[1] === verb && c.argv.includes(vmName))?.argv;
 
 async function events(name: string): Promise<{ reason: string; type: string; message: string }[]> {
-  const list = await w.core.listNamespacedEvent({ namespace: w.namespace, fieldSelector: `involvedObject.name=${name}` });
+  const list = await w.core.listNamespacedEvent({
+    namespace: w.namespace,
+    fieldSelector: `involvedObject.name=${name}`,
+  });
   return list.items.map((e) => ({ reason: e.reason ?? '', type: e.type ?? '', message: e.message ?? '' }));
 }
 
@@ -50,8 +98,23 @@ describe('clone', () => {
     );
     await waitForPod(w.core, w.namespace, 'clone-tagged', 'ready', (p) => lifecycle(p) === 'ready');
     assert.deepEqual(argvOf('clone', 'vk-b-clone'), [
-      'vm', 'clone', '--output', 'json', '--name', 'vk-b-clone', '--network', 'cocoon-dhcp', '--pull',
-      '--restore-mode', 'ondemand', '--cpu-weight', '79', '--cpu-quota-us', '400000', '--cpu-period-us', '100000',
+      'vm',
+      'clone',
+      '--output',
+      'json',
+      '--name',
+      'vk-b-clone',
+      '--network',
+      'cocoon-dhcp',
+      '--pull',
+      '--restore-mode',
+      'ondemand',
+      '--cpu-weight',
+      '79',
+      '--cpu-quota-us',
+      '400000',
+      '--cpu-period-us',
+      '100000',
       'acme/agent:v3',
     ]);
   });
@@ -70,11 +133,38 @@ describe('clone', () => {
       'vm.cocoonstack.io/no-direct-io': 'true',
       'cocoonset.cocoonstack.io/managed': 'true',
     });
-    await waitFor('both clones', () => argvOf('clone', 'vk-b-win') !== undefined && argvOf('clone', 'vk-b-fc') !== undefined, 60_000, 200);
+    await waitFor(
+      'both clones',
+      () => argvOf('clone', 'vk-b-win') !== undefined && argvOf('clone', 'vk-b-fc') !== undefined,
+      60_000,
+      200,
+    );
     assert.deepEqual(argvOf('clone', 'vk-b-win'), [
-      'vm', 'clone', '--output', 'json', '--name', 'vk-b-win', '--pull', '--restore-mode', 'copy', '--cpu-weight', '1', 'acme/win',
+      'vm',
+      'clone',
+      '--output',
+      'json',
+      '--name',
+      'vk-b-win',
+      '--pull',
+      '--restore-mode',
+      'copy',
+      '--cpu-weight',
+      '1',
+      'acme/win',
     ]);
-    assert.deepEqual(argvOf('clone', 'vk-b-fc'), ['vm', 'clone', '--output', 'json', '--name', 'vk-b-fc', '--pull', '--cpu-weight', '1', 'acme/fc']);
+    assert.deepEqual(argvOf('clone', 'vk-b-fc'), [
+      'vm',
+      'clone',
+      '--output',
+      'json',
+      '--name',
+      'vk-b-fc',
+      '--pull',
+      '--cpu-weight',
+      '1',
+      'acme/fc',
+    ]);
   });
 
   test('a snapshot of another backend is refused with the exact message', async () => {
@@ -83,12 +173,22 @@ describe('clone', () => {
       'cocoonset.cocoonstack.io/image': 'acme/fc',
       'cocoonset.cocoonstack.io/managed': 'true',
     });
-    const p = await waitForPod(w.core, w.namespace, 'clone-mismatch', 'failed', (x) => lifecycle(x) === 'failed');
+    const p = await waitForPod(
+      w.core,
+      w.namespace,
+      'clone-mismatch',
+      'failed',
+      (x) => lifecycle(x) === 'failed',
+    );
     assert.equal(
       p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'],
       'snapshot acme/fc was taken with firecracker but CocoonSet requests cloud-hypervisor',
     );
-    assert.ok((await events('clone-mismatch')).some((e) => e.reason === 'CreateBringUpFailed' && e.type === 'Warning'));
+    assert.ok(
+      (await events('clone-mismatch')).some(
+        (e) => e.reason === 'CreateBringUpFailed' && e.type === 'Warning',
+      ),
+    );
     assert.equal(argvOf('clone', 'vk-b-mismatch'), undefined, 'no clone was attempted');
   });
 
@@ -98,8 +198,17 @@ describe('clone', () => {
       'cocoonset.cocoonstack.io/image': 'acme/nope',
       'cocoonset.cocoonstack.io/managed': 'true',
     });
-    const p = await waitForPod(w.core, w.namespace, 'clone-missing', 'failed', (x) => lifecycle(x) === 'failed');
-    assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'], 'snapshot acme/nope not found locally and no registry configured');
+    const p = await waitForPod(
+      w.core,
+      w.namespace,
+      'clone-missing',
+      'failed',
+      (x) => lifecycle(x) === 'failed',
+    );
+    assert.equal(
+      p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'],
+      'snapshot acme/nope not found locally and no registry configured',
+    );
   });
 });
 
@@ -115,14 +224,37 @@ describe('run mode', () => {
         'cocoonset.cocoonstack.io/storage': '40Gi',
         'cocoonset.cocoonstack.io/managed': 'true',
       },
-      { containers: [{ name: 'agent', resources: { requests: { cpu: '500m', memory: '4Gi' }, limits: { cpu: '2' } } }] },
+      {
+        containers: [
+          { name: 'agent', resources: { requests: { cpu: '500m', memory: '4Gi' }, limits: { cpu: '2' } } },
+        ],
+      },
     );
     const p = await waitForPod(w.core, w.namespace, 'run-0', 'ready', (x) => lifecycle(x) === 'ready');
-    const pull = cliCalls(w).find((c) => c.argv[0] === 'image' && c.argv.includes('https://cloud-images.example/win2022.qcow2'));
+    const pull = cliCalls(w).find(
+      (c) => c.argv[0] === 'image' && c.argv.includes('https://cloud-images.example/win2022.qcow2'),
+    );
     assert.deepEqual(pull?.argv, ['image', 'pull', 'https://cloud-images.example/win2022.qcow2']);
     assert.deepEqual(argvOf('run', 'vk-b-run'), [
-      'vm', 'run', '--output', 'json', '--name', 'vk-b-run', '--cpu', '2', '--cpu-weight', '20', '--cpu-quota-us', '200000',
-      '--cpu-period-us', '100000', '--memory', '4294967296', '--storage', '42949672960', '--windows',
+      'vm',
+      'run',
+      '--output',
+      'json',
+      '--name',
+      'vk-b-run',
+      '--cpu',
+      '2',
+      '--cpu-weight',
+      '20',
+      '--cpu-quota-us',
+      '200000',
+      '--cpu-period-us',
+      '100000',
+      '--memory',
+      '4294967296',
+      '--storage',
+      '42949672960',
+      '--windows',
       'https://cloud-images.example/win2022.qcow2',
     ]);
     // Run mode is not a cloned boot: no fixup, no IP wait (Go parity).
@@ -142,7 +274,9 @@ describe('unmanaged and bad input', () => {
     assert.equal(p.status?.podIP, '10.1.2.3');
     await w.core.deleteNamespacedPod({ namespace: w.namespace, name: 'static-0' });
     await waitForPodGone(w.core, w.namespace, 'static-0');
-    const mine = cliCalls(w).slice(before).filter((c) => c.argv.includes('ABCDEFGHIJKLMNOPQRSTUVWXYZ') || c.argv.includes('vk-b-static'));
+    const mine = cliCalls(w)
+      .slice(before)
+      .filter((c) => c.argv.includes('ABCDEFGHIJKLMNOPQRSTUVWXYZ') || c.argv.includes('vk-b-static'));
     assert.deepEqual(mine, []);
   });
 
@@ -173,8 +307,13 @@ describe('unmanaged and bad input', () => {
     const { annotate } = await import('./helpers.ts');
     await annotate(w.core, w.namespace, 'hib-0', { 'vm.cocoonstack.io/hibernate': 'true' });
     const p = await waitForPod(w.core, w.namespace, 'hib-0', 'failed', (x) => lifecycle(x) === 'failed');
-    assert.match(p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '', /^hibernate: /);
-    assert.ok((await events('hib-0')).some((e) => e.reason === 'HibernateUnsupported' && e.type === 'Warning'));
+    assert.match(
+      p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '',
+      /^hibernate: /,
+    );
+    assert.ok(
+      (await events('hib-0')).some((e) => e.reason === 'HibernateUnsupported' && e.type === 'Warning'),
+    );
   });
 
   test('generation echo: a bumped generation is re-stamped on the current state', async () => {
@@ -185,7 +324,9 @@ describe('unmanaged and bad input', () => {
       w.namespace,
       'clone-tagged',
       'observed generation 7',
-      (p) => p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-observed-generation'] === '7' && lifecycle(p) === 'ready',
+      (p) =>
+        p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-observed-generation'] === '7' &&
+        lifecycle(p) === 'ready',
     );
   });
 });

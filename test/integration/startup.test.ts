@@ -18,7 +18,9 @@ const annotations = (vm: string) => ({
 
 async function simVmNames(): Promise<string[]> {
   const out = (await w.sim(['vm', 'list', '-o', 'json'])).trim();
-  return out.startsWith('[') ? (JSON.parse(out) as { config: { name: string } }[]).map((v) => v.config.name) : [];
+  return out.startsWith('[')
+    ? (JSON.parse(out) as { config: { name: string } }[]).map((v) => v.config.name)
+    : [];
 }
 
 async function cloneByHand(name: string): Promise<string> {
@@ -37,13 +39,26 @@ async function metric(name: string): Promise<number> {
 
 before(async () => {
   w = await world();
-  await w.sim(['fixture', 'snapshot', 'acme/agent', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04']);
+  await w.sim([
+    'fixture',
+    'snapshot',
+    'acme/agent',
+    '--backend',
+    'cloud-hypervisor',
+    '--os',
+    'linux',
+    '--image',
+    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+  ]);
 });
 
 test('orphan policy destroy (default) removes unclaimed VMs; a pod without an id is adopted by VM name', async () => {
   const orphanId = await cloneByHand('vk-st-orphan-1');
   const adoptId = await cloneByHand('vk-st-adopt-1');
-  await w.core.createNamespacedPod({ namespace: w.namespace, body: vmPod('adopt-1', w.nodeName, annotations('vk-st-adopt-1')) });
+  await w.core.createNamespacedPod({
+    namespace: w.namespace,
+    body: vmPod('adopt-1', w.nodeName, annotations('vk-st-adopt-1')),
+  });
   const clonesBefore = clones('vk-st-adopt-1');
   await w.restart();
   const p = await waitForPod(w.core, w.namespace, 'adopt-1', 'ready', (x) => lifecycle(x) === 'ready');
@@ -62,7 +77,10 @@ test('orphan policy alert keeps and counts the VM; the next CreatePod with its n
   assert.ok((await simVmNames()).includes('vk-st-orphan-2'), 'kept');
   assert.equal(await metric('cocoon_vk_orphan_vm_total'), 1);
   const clonesBefore = clones('vk-st-orphan-2');
-  await w.core.createNamespacedPod({ namespace: w.namespace, body: vmPod('adopt-2', w.nodeName, annotations('vk-st-orphan-2')) });
+  await w.core.createNamespacedPod({
+    namespace: w.namespace,
+    body: vmPod('adopt-2', w.nodeName, annotations('vk-st-orphan-2')),
+  });
   const p = await waitForPod(w.core, w.namespace, 'adopt-2', 'ready', (x) => lifecycle(x) === 'ready');
   assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/id'], orphanId);
   assert.equal(clones('vk-st-orphan-2'), clonesBefore, 'adopted, not cloned');
