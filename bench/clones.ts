@@ -1,15 +1,15 @@
 // Benchmark (a script, not a test): N concurrent clones with zero simulated VM latency.
 // Prints pod bound → lifecycle ready p50/p99, lease written → ready p50/p99, and apiserver
 // write requests per bring-up. Usage: npm run bench -- [pods=200]
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
-import { repoRoot } from '../test/ground/cluster.ts';
+import { newSimRoot } from '../sim/client.ts';
 import { startDaemon } from '../test/ground/daemon.ts';
 import { startGround, stopGround } from '../test/ground/ground.ts';
 import { adminClients, newNamespace, vmPod } from '../test/ground/kube.ts';
-import { run, waitFor } from '../test/ground/proc.ts';
+import { waitFor } from '../test/ground/proc.ts';
 
 const N = Number(process.argv[2] ?? process.env.VK_BENCH_PODS ?? 200);
 const dir = mkdtempSync(join(tmpdir(), 'vk-bench-'));
@@ -29,40 +29,21 @@ async function metricValue(port: number, name: string): Promise<number> {
 
 const ground = await startGround(join(dir, 'ground'), { log: (l) => log(l) });
 try {
-  const simRoot = join(dir, 'cocoon');
-  mkdirSync(join(simRoot, 'net'), { recursive: true });
-  const cocoonBin = join(dir, 'cocoon-bin');
-  symlinkSync(join(repoRoot, 'bin', 'cocoon-sim'), cocoonBin);
-  const leasesPath = join(simRoot, 'net', 'leases.json');
-  const env = {
-    ...process.env,
-    COCOON_SIM_ROOT: simRoot,
-    COCOON_ROOT_DIR: simRoot,
-    COCOON_SIM_LEASES: leasesPath,
-  };
-  await run(
-    join(repoRoot, 'bin', 'cocoon-sim'),
-    [
-      'fixture',
-      'snapshot',
-      'bench/base',
-      '--backend',
-      'cloud-hypervisor',
-      '--os',
-      'linux',
-      '--image',
-      'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-    ],
-    { env },
-  );
+  const sim = await newSimRoot({ parent: dir });
+  const leasesPath = sim.leasesPath;
+  await sim.fixtureSnapshot('bench/base', {
+    backend: 'cloud-hypervisor',
+    os: 'linux',
+    image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+  });
   const daemon = await startDaemon({
     cluster: ground.cluster,
     nodeName: 'bench-node',
-    cocoonBin,
-    rootDir: simRoot,
+    cocoonBin: sim.cocoonBin,
+    rootDir: sim.root,
     leasesPath,
     logFile: join(dir, 'vk-cocoon.log'),
-    env: { VK_LOG_LEVEL: 'info' },
+    env: { ...sim.env(), VK_LOG_LEVEL: 'info' },
   });
   const { core, kc } = adminClients(ground.cluster);
   const ns = await newNamespace(core, 'bench');
@@ -119,10 +100,12 @@ try {
   req.abort();
   const writesAfter = await metricValue(daemon.metricsPort, 'cocoon_vk_api_writes_total');
 
-  const vms = JSON.parse((await run(cocoonBin, ['vm', 'list', '-o', 'json'], { env })).stdout) as {
-    id: string;
-    network_configs: { mac: string }[];
-  }[];
+  const vms = await sim.json<{ id: string; network_configs: { mac: string }[] }[]>([
+    'vm',
+    'list',
+    '-o',
+    'json',
+  ]);
   const macOf = new Map(vms.map((v) => [v.id, v.network_configs[0]?.mac ?? '']));
   const boundToReady: number[] = [];
   const leaseToReady: number[] = [];
@@ -142,8 +125,7 @@ try {
     `  apiserver writes per bring-up (reads: one shared pod watch): ${((writesAfter - writesBefore) / N).toFixed(1)}`,
   );
   await daemon.stop();
-  await run(join(repoRoot, 'bin', 'cocoon-sim'), ['__sim', 'reap'], { env }).catch(() => {});
-  for (const v of vms) await run(cocoonBin, ['vm', 'rm', '--force', v.id], { env }).catch(() => {});
+  await sim.cleanup();
 } finally {
   await stopGround(ground);
   rmSync(dir, { recursive: true, force: true });

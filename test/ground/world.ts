@@ -2,16 +2,15 @@
 // file, and vk-cocoon running as a child process against both, on its own node name.
 // Integration tests create one per file (or per scenario) with `useWorld()`.
 import { randomBytes } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after } from 'node:test';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
-import { repoRoot } from './cluster.ts';
+import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { type Daemon, startDaemon } from './daemon.ts';
 import { type Ground, useGround } from './ground.ts';
 import { adminClients, newNamespace } from './kube.ts';
-import { run } from './proc.ts';
 
 export interface World {
   ground: Ground;
@@ -23,7 +22,9 @@ export interface World {
   cocoonBin: string;
   leasesPath: string;
   daemon: Daemon;
-  /** Runs the simulator CLI (`cocoon-sim ...`) against this world's root. */
+  /** The simulator root (calls, guest commands, knobs, leases: see docs/simulator.md). */
+  simulator: SimRoot;
+  /** Runs `cocoon-sim <args>` against this world's root; rejects on a non-zero exit. */
   sim(args: string[]): Promise<string>;
   /** Starts vk-cocoon again (after `daemon.kill()` or `daemon.stop()`). */
   restart(env?: Record<string, string>): Promise<Daemon>;
@@ -44,8 +45,8 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
   after(async () => {
     const w = await pending?.catch(() => undefined);
     if (w) {
-      await w.daemon.stop().catch(() => {});
-      await destroySimVms(w).catch(() => {});
+      await w.daemon?.stop().catch(() => {});
+      await w.simulator.cleanup({ keepDir: true }).catch(() => {});
     }
     if (dir && !process.env.VK_KEEP_WORLD) rmSync(dir, { recursive: true, force: true });
   });
@@ -53,13 +54,10 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
     pending ??= (async () => {
       const g = await ground();
       dir = mkdtempSync(join(tmpdir(), 'vk-world-'));
-      const simRoot = join(dir, 'cocoon');
-      mkdirSync(join(simRoot, 'net'), { recursive: true });
-      const binDir = join(dir, 'bin');
-      mkdirSync(binDir);
-      const cocoonBin = join(binDir, 'cocoon');
-      symlinkSync(join(repoRoot, 'bin', 'cocoon-sim'), cocoonBin);
-      const leasesPath = join(simRoot, 'net', 'leases.json');
+      const simulator = await newSimRoot({ parent: dir });
+      const simRoot = simulator.root;
+      const cocoonBin = simulator.cocoonBin;
+      const leasesPath = simulator.leasesPath;
       const { core, kc } = adminClients(g.cluster);
       const namespace = await newNamespace(core);
       const nodeName = `vk-${randomBytes(3).toString('hex')}`;
@@ -81,7 +79,13 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
         leasesPath,
         logFile,
         daemon: undefined as unknown as Daemon,
-        sim: async (args) => (await run(join(repoRoot, 'bin', 'cocoon-sim'), args, { env: simEnv })).stdout,
+        simulator,
+        sim: async (args) => {
+          const r = await simulator.helper(args);
+          if (r.code !== 0)
+            throw new Error(`cocoon-sim ${args.join(' ')} exited ${r.code}: ${r.stderr.trim()}`);
+          return r.stdout;
+        },
         restart: async (env) => {
           w.daemon = await startDaemon({
             cluster: g.cluster,
@@ -90,7 +94,7 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
             rootDir: simRoot,
             leasesPath,
             logFile,
-            env: { ...opts.env, ...env },
+            env: { ...simulator.env(), ...opts.env, ...env },
           });
           return w.daemon;
         },
@@ -100,23 +104,4 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
     })();
     return pending;
   };
-}
-
-/** Removes every simulated VM of the world (kills the stand-in processes). */
-export async function destroySimVms(w: World): Promise<void> {
-  const out = await run(w.cocoonBin, ['vm', 'list', '-o', 'json'], {
-    env: {
-      ...process.env,
-      COCOON_SIM_ROOT: w.simRoot,
-      COCOON_ROOT_DIR: w.simRoot,
-      COCOON_SIM_LEASES: w.leasesPath,
-    },
-  });
-  const text = out.stdout.trim();
-  if (!text.startsWith('[')) return;
-  for (const vm of JSON.parse(text) as { id: string }[]) {
-    await run(w.cocoonBin, ['vm', 'rm', '--force', vm.id], {
-      env: { ...process.env, COCOON_SIM_ROOT: w.simRoot, COCOON_ROOT_DIR: w.simRoot },
-    }).catch(() => {});
-  }
 }

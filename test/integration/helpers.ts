@@ -1,57 +1,21 @@
 // Shared helpers of the lifecycle integration tests: simulator logs, knobs, pod patches.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import type { CoreV1Api, V1Pod } from '@kubernetes/client-node';
 import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import type { World } from '../ground/world.ts';
 
-export interface GuestCall {
-  ts: string;
-  vmId: string;
-  name: string;
-  argv: string[];
-  exit: number;
-  delivered: boolean;
-  error?: string;
+export type { CallRecord as CliCall, GuestCommand as GuestCall } from '../../sim/client.ts';
+
+/** Guest commands (`vm exec`) the simulator recorded, optionally for one VM name. */
+export function guestCalls(w: World, vmName?: string) {
+  return w.simulator.guestCommands().filter((c) => vmName === undefined || c.name === vmName);
 }
 
-export function guestCalls(w: World, vmName?: string): GuestCall[] {
-  const file = join(w.simRoot, 'sim', 'guest.jsonl');
-  if (!existsSync(file)) return [];
-  return readFileSync(file, 'utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map((l) => JSON.parse(l) as GuestCall)
-    .filter((c) => vmName === undefined || c.name === vmName);
+export function cliCalls(w: World) {
+  return w.simulator.calls();
 }
 
-export interface CliCall {
-  argv: string[];
-  exit: number;
-  startedAt: string;
-}
-
-export function cliCalls(w: World): CliCall[] {
-  const file = join(w.simRoot, 'sim', 'calls.jsonl');
-  if (!existsSync(file)) return [];
-  return readFileSync(file, 'utf8')
-    .split('\n')
-    .filter(Boolean)
-    .map((l) => JSON.parse(l) as CliCall);
-}
-
-/** Writes the simulator knob file (re-read by every invocation). */
-export function setKnobs(w: World, knobs: Record<string, unknown>): void {
-  mkdirSync(join(w.simRoot, 'sim'), { recursive: true });
-  writeFileSync(join(w.simRoot, 'sim', 'config.json'), JSON.stringify(knobs, null, 2));
-}
-
-export function leaseFor(w: World, mac: string): { ip: string } | undefined {
-  if (!existsSync(w.leasesPath)) return undefined;
-  const text = readFileSync(w.leasesPath, 'utf8').trim();
-  if (!text || text === 'null') return undefined;
-  const rows = JSON.parse(text) as { mac: string; ip: string }[];
-  return rows.find((r) => r.mac.toLowerCase() === mac.toLowerCase());
+export function leaseFor(w: World, mac: string) {
+  return w.simulator.leaseFor(mac);
 }
 
 export async function simVm(

@@ -10,7 +10,7 @@ import { startApiserver, stopApiserver } from '../ground/cluster.ts';
 import { vmPod, waitForPod } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { annotate, guestCalls, leaseFor, lifecycle, postClone, setKnobs, simVm } from './helpers.ts';
+import { annotate, guestCalls, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -61,7 +61,7 @@ before(async () => {
     '--image',
     'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
   ]);
-  setKnobs(w, {
+  await w.simulator.setKnobs({
     dhcp: {
       windowsApipaWedge: false,
       vms: [

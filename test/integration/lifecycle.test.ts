@@ -8,7 +8,7 @@ import { kubectl } from '../ground/cluster.ts';
 import { vmPod, waitForPod } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { annotate, guestCalls, isReady, leaseFor, lifecycle, postClone, setKnobs, simVm } from './helpers.ts';
+import { annotate, guestCalls, isReady, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -95,7 +95,7 @@ before(async () => {
     '--image',
     'https://images.example/win11.qcow2',
   );
-  setKnobs(w, {
+  await w.simulator.setKnobs({
     latency: { 'vm clone': 1500 },
     dhcp: {
       keyByGuestMac: true,

@@ -13,8 +13,8 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { startApiserver, stopApiserver } from '../ground/cluster.ts';
 import { vmPod } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
-import { destroySimVms, useWorld, type World } from '../ground/world.ts';
-import { annotate, lifecycle, setKnobs } from './helpers.ts';
+import { useWorld, type World } from '../ground/world.ts';
+import { annotate, lifecycle } from './helpers.ts';
 
 const N = Number(process.env.VK_SOAK_PODS ?? 300);
 const SEED = Number(process.env.VK_SOAK_SEED ?? 20261130);
@@ -104,7 +104,7 @@ before(async () => {
     '--image',
     'https://images.example/win.qcow2',
   );
-  setKnobs(w, {
+  await w.simulator.setKnobs({
     dhcp: {
       keyByGuestMac: true,
       vms: plans
@@ -224,5 +224,4 @@ test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dic
   );
   const left = (await w.sim(['vm', 'list', '-o', 'json'])).trim();
   assert.ok(left === '' || left === '[]' || left === 'No VMs found.', `VMs leaked: ${left.slice(0, 300)}`);
-  await destroySimVms(w);
 });
