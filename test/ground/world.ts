@@ -62,12 +62,6 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
       const namespace = await newNamespace(core);
       const nodeName = `vk-${randomBytes(3).toString('hex')}`;
       const logFile = join(dir, 'vk-cocoon.log');
-      const simEnv = {
-        ...process.env,
-        COCOON_SIM_ROOT: simRoot,
-        COCOON_ROOT_DIR: simRoot,
-        COCOON_SIM_LEASES: leasesPath,
-      };
       const w: World = {
         ground: g,
         core,
