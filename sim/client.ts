@@ -1,0 +1,373 @@
+// Typed helpers for tests and benchmarks that use the cocoon simulator (docs/simulator.md).
+//
+//   const sim = await newSimRoot({ knobs: { dhcp: { leaseDelayMs: 500 } } });
+//   await sim.fixtureSnapshot('acme/agent', { backend: 'cloud-hypervisor', os: 'linux', image: 'ghcr.io/acme/agent:1' });
+//   const bin = await sim.installBin();          // VK_COCOON_BIN for the provider
+//   spawn(provider, { env: { ...process.env, ...sim.env(), VK_COCOON_BIN: bin } });
+//   ... sim.calls(), sim.guestCommands(), sim.leases() ...
+//   await sim.cleanup();                          // kills every stand-in, removes the root
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { imageDigestFor, type SnapshotRecord } from './db.ts';
+import type { Knobs } from './knob-schema.ts';
+import type { Lease } from './leases.ts';
+
+export type { ImageRecord, SnapshotRecord, VmRecord } from './db.ts';
+export type { Knobs } from './knob-schema.ts';
+export type { Lease } from './leases.ts';
+
+const repo = path.resolve(import.meta.dirname, '..');
+/** The simulator executable (a bash shim; `cocoon` behaviour when invoked through a symlink named cocoon). */
+export const SIM_BIN = path.join(repo, 'bin', 'cocoon-sim');
+const SIM_MAIN = path.join(repo, 'sim', 'main.ts');
+
+/** One line of <root>/sim/calls.jsonl. */
+export interface CallRecord {
+  argv: string[];
+  exit: number;
+  startedAt: string;
+  durationMs: number;
+  stdinBytes: number;
+}
+
+/** One line of <root>/sim/guest.jsonl (a `vm exec`). */
+export interface GuestCommand {
+  ts: string;
+  vmId: string;
+  name: string;
+  argv: string[];
+  env: string[];
+  interactive: boolean;
+  stdinBytes: number;
+  exit: number;
+  /** False when cocoon failed before the guest ran it (agent not ready, scripted error). */
+  delivered: boolean;
+  effect?: string;
+  error?: string;
+  rule?: number;
+}
+
+export interface SimResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  /** stdout as bytes (for `snapshot export -o -`). */
+  stdoutBytes: Buffer;
+  stderr: string;
+  durationMs: number;
+}
+
+export interface RunOptions {
+  stdin?: string | Uint8Array;
+  /** Kill the invocation's process group after this long (default 60 s). */
+  timeoutMs?: number;
+  env?: NodeJS.ProcessEnv;
+  /**
+   * Go through the installed `cocoon` symlink and the bash shim, exactly as the provider does.
+   * By default the helper starts `node sim/main.ts` directly (same code, ~80 ms cheaper).
+   */
+  viaShim?: boolean;
+}
+
+export interface FixtureSnapshotOptions {
+  backend?: 'cloud-hypervisor' | 'firecracker';
+  os?: 'linux' | 'windows';
+  image: string;
+  nics?: number;
+  /** Static NICs in order, `ip/prefix,gateway` each. */
+  staticIps?: string[];
+  cpu?: number;
+  memory?: number;
+  storage?: number;
+  network?: string;
+  digest?: string;
+  /** Also register the base image as pulled. */
+  pulled?: boolean;
+}
+
+type DeepPartial<T> = T extends readonly unknown[]
+  ? T
+  : T extends object
+    ? { [K in keyof T]?: DeepPartial<T[K]> | null }
+    : T;
+
+export interface NewSimRootOptions {
+  knobs?: Knobs;
+  /** Lease file path (default <root>/net/leases.json). */
+  leasesPath?: string;
+  /** Parent directory for the temporary directory (default os.tmpdir()). */
+  parent?: string;
+}
+
+function mergeDeep(base: unknown, patch: unknown): unknown {
+  const isObj = (v: unknown): v is Record<string, unknown> =>
+    typeof v === 'object' && v !== null && !Array.isArray(v);
+  if (!isObj(base) || !isObj(patch)) return patch;
+  const out: Record<string, unknown> = { ...base };
+  for (const [k, v] of Object.entries(patch)) {
+    if (v === null) delete out[k];
+    else out[k] = mergeDeep(out[k], v);
+  }
+  return out;
+}
+
+function readJsonl<T>(file: string): T[] {
+  let text: string;
+  try {
+    text = fs.readFileSync(file, 'utf8');
+  } catch {
+    return [];
+  }
+  return text
+    .split('\n')
+    .filter((l) => l.trim() !== '')
+    .map((l) => JSON.parse(l) as T);
+}
+
+/** A private simulator root: its own DBs, run dirs, lease file, knobs and logs. */
+export class SimRoot {
+  /** The temporary directory holding root/ and bin/. */
+  readonly dir: string;
+  /** COCOON_ROOT_DIR of this simulator. */
+  readonly root: string;
+  readonly leasesPath: string;
+  /** `<dir>/bin/cocoon`, a symlink to the simulator. */
+  readonly cocoonBin: string;
+
+  constructor(dir: string, leasesPath?: string) {
+    this.dir = dir;
+    this.root = path.join(dir, 'root');
+    this.leasesPath = leasesPath ?? path.join(this.root, 'net', 'leases.json');
+    this.cocoonBin = path.join(dir, 'bin', 'cocoon');
+  }
+
+  /** Environment for anything that runs the simulator against this root (the provider too). */
+  env(): Record<string, string> {
+    return {
+      COCOON_ROOT_DIR: this.root,
+      COCOON_SIM_ROOT: this.root,
+      COCOON_SIM_LEASES: this.leasesPath,
+      NODE_COMPILE_CACHE: process.env.NODE_COMPILE_CACHE || path.join(os.tmpdir(), 'cocoon-sim-node-cache'),
+    };
+  }
+
+  /** Runs `cocoon <args>`. Never throws for a non-zero exit. */
+  run(args: readonly string[], opts: RunOptions = {}): Promise<SimResult> {
+    return this.exec('cocoon', args, opts);
+  }
+
+  /** Runs `cocoon-sim <args>` (helper verbs: knobs, fixture). */
+  helper(args: readonly string[], opts: RunOptions = {}): Promise<SimResult> {
+    return this.exec('cocoon-sim', args, opts);
+  }
+
+  /** Runs `cocoon <args>`, requires exit 0 and parses stdout as JSON. */
+  async json<T = unknown>(args: readonly string[], opts: RunOptions = {}): Promise<T> {
+    const r = await this.run(args, opts);
+    if (r.code !== 0)
+      throw new Error(`cocoon ${args.join(' ')} exited ${r.code ?? r.signal}: ${r.stderr.trim()}`);
+    return JSON.parse(r.stdout) as T;
+  }
+
+  /** Spawns `cocoon <args>` without waiting (event streams, kill tests); own process group. */
+  spawn(args: readonly string[], opts: { env?: NodeJS.ProcessEnv; viaShim?: boolean } = {}) {
+    return this.start('cocoon', args, opts.env, opts.viaShim === true);
+  }
+
+  private start(
+    as: 'cocoon' | 'cocoon-sim',
+    args: readonly string[],
+    env: NodeJS.ProcessEnv | undefined,
+    viaShim: boolean,
+  ) {
+    const fullEnv = { ...process.env, ...this.env(), ...env };
+    const opts = {
+      env: fullEnv,
+      stdio: ['pipe', 'pipe', 'pipe'] as ['pipe', 'pipe', 'pipe'],
+      detached: true,
+    };
+    if (viaShim) return spawn(as === 'cocoon' ? this.cocoonBin : SIM_BIN, args, opts);
+    return spawn(process.execPath, [SIM_MAIN, ...args], {
+      ...opts,
+      env: { ...fullEnv, COCOON_SIM_ARGV0: as },
+    });
+  }
+
+  private exec(as: 'cocoon' | 'cocoon-sim', args: readonly string[], opts: RunOptions): Promise<SimResult> {
+    const started = Date.now();
+    return new Promise((resolve, reject) => {
+      const child = this.start(as, args, opts.env, opts.viaShim === true);
+      const out: Buffer[] = [];
+      const err: Buffer[] = [];
+      child.stdout.on('data', (d: Buffer) => out.push(d));
+      child.stderr.on('data', (d: Buffer) => err.push(d));
+      child.stdin.on('error', () => {});
+      if (opts.stdin !== undefined) child.stdin.end(opts.stdin);
+      else child.stdin.end();
+      const timer = setTimeout(() => {
+        try {
+          process.kill(-(child.pid as number), 'SIGKILL');
+        } catch {
+          // already gone
+        }
+      }, opts.timeoutMs ?? 60_000);
+      child.on('error', (e) => {
+        clearTimeout(timer);
+        reject(e);
+      });
+      child.on('close', (code, signal) => {
+        clearTimeout(timer);
+        const bytes = Buffer.concat(out);
+        resolve({
+          code,
+          signal,
+          stdout: bytes.toString('utf8'),
+          stdoutBytes: bytes,
+          stderr: Buffer.concat(err).toString('utf8'),
+          durationMs: Date.now() - started,
+        });
+      });
+    });
+  }
+
+  get knobsPath(): string {
+    return path.join(this.root, 'sim', 'config.json');
+  }
+
+  knobs(): Knobs {
+    try {
+      return JSON.parse(fs.readFileSync(this.knobsPath, 'utf8')) as Knobs;
+    } catch {
+      return {};
+    }
+  }
+
+  /** Replaces the knob file (validated). Takes effect on the next invocation. */
+  async setKnobs(knobs: Knobs): Promise<void> {
+    const { validateKnobs } = await import('./knob-schema.ts');
+    validateKnobs(knobs);
+    fs.mkdirSync(path.dirname(this.knobsPath), { recursive: true });
+    const tmp = `${this.knobsPath}.tmp.${process.pid}`;
+    fs.writeFileSync(tmp, JSON.stringify(knobs, null, 2));
+    fs.renameSync(tmp, this.knobsPath);
+  }
+
+  /** Deep-merges into the knob file: objects merge, arrays replace, `null` deletes. */
+  async mergeKnobs(patch: DeepPartial<Knobs>): Promise<Knobs> {
+    const next = mergeDeep(this.knobs(), patch) as Knobs;
+    await this.setKnobs(next);
+    return next;
+  }
+
+  calls(): CallRecord[] {
+    return readJsonl<CallRecord>(path.join(this.root, 'sim', 'calls.jsonl'));
+  }
+
+  guestCommands(): GuestCommand[] {
+    return readJsonl<GuestCommand>(path.join(this.root, 'sim', 'guest.jsonl'));
+  }
+
+  /** The lease file's entries (empty when missing or `null`). */
+  leases(): Lease[] {
+    try {
+      const doc = JSON.parse(fs.readFileSync(this.leasesPath, 'utf8')) as Lease[] | null;
+      return Array.isArray(doc) ? doc : [];
+    } catch {
+      return [];
+    }
+  }
+
+  /** The live lease of a MAC, if any. */
+  leaseFor(mac: string): Lease | undefined {
+    const now = Date.now();
+    return this.leases().find((l) => l.mac === mac.toLowerCase() && Date.parse(l.expiry) > now);
+  }
+
+  /** Creates a clonable local snapshot record (see `cocoon-sim fixture snapshot`). */
+  async fixtureSnapshot(name: string, o: FixtureSnapshotOptions): Promise<SnapshotRecord> {
+    const args = ['fixture', 'snapshot', name, '--image', o.image];
+    if (o.backend) args.push('--backend', o.backend);
+    if (o.os) args.push('--os', o.os);
+    if (o.nics !== undefined) args.push('--nics', String(o.nics));
+    for (const s of o.staticIps ?? []) args.push('--static-ip', s);
+    if (o.cpu !== undefined) args.push('--cpu', String(o.cpu));
+    if (o.memory !== undefined) args.push('--memory', String(o.memory));
+    if (o.storage !== undefined) args.push('--storage', String(o.storage));
+    if (o.network) args.push('--network', o.network);
+    if (o.digest) args.push('--digest', o.digest);
+    if (o.pulled) args.push('--pulled');
+    const r = await this.helper(args);
+    if (r.code !== 0) throw new Error(`fixture snapshot ${name}: ${r.stderr.trim()}`);
+    return JSON.parse(r.stdout) as SnapshotRecord;
+  }
+
+  /** Registers an image as if pulled. */
+  async fixtureImage(ref: string, digest?: string): Promise<void> {
+    const r = await this.helper(['fixture', 'image', ref, ...(digest ? ['--digest', digest] : [])]);
+    if (r.code !== 0) throw new Error(`fixture image ${ref}: ${r.stderr.trim()}`);
+  }
+
+  /**
+   * Installs a symlink named `cocoon` to the simulator into `dir` (default `<dir>/bin`, which
+   * exists already) and returns its path: the value for VK_COCOON_BIN.
+   */
+  async installBin(dir?: string): Promise<string> {
+    if (dir === undefined) return this.cocoonBin;
+    fs.mkdirSync(dir, { recursive: true });
+    const link = path.join(dir, 'cocoon');
+    fs.rmSync(link, { force: true });
+    fs.symlinkSync(SIM_BIN, link);
+    return link;
+  }
+
+  /** Kills every process the simulator started for this root; removes the directory unless keepDir. */
+  async cleanup(opts: { keepDir?: boolean } = {}): Promise<void> {
+    if (fs.existsSync(this.root)) {
+      const r = await this.run(['__sim', 'kill-all'], { timeoutMs: 15_000 }).catch(() => undefined);
+      if (r?.code !== 0) this.killRegistered();
+    }
+    if (!opts.keepDir) fs.rmSync(this.dir, { recursive: true, force: true });
+  }
+
+  /** Fallback for cleanup: SIGKILL every registered process group that is still the same process. */
+  private killRegistered(): void {
+    const dir = path.join(this.root, 'sim', 'pids');
+    let names: string[] = [];
+    try {
+      names = fs.readdirSync(dir);
+    } catch {
+      return;
+    }
+    for (const n of names) {
+      try {
+        const { pid, start } = JSON.parse(fs.readFileSync(path.join(dir, n), 'utf8')) as {
+          pid: number;
+          start: number;
+        };
+        const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
+        if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]) !== start) continue;
+        process.kill(-pid, 'SIGKILL');
+      } catch {
+        // gone already
+      }
+    }
+  }
+}
+
+/** Creates a fresh simulator root in a temporary directory (with `bin/cocoon` installed). */
+export async function newSimRoot(opts: NewSimRootOptions = {}): Promise<SimRoot> {
+  const dir = fs.mkdtempSync(path.join(opts.parent ?? os.tmpdir(), 'cocoon-sim-'));
+  const sim = new SimRoot(dir, opts.leasesPath);
+  fs.mkdirSync(path.join(sim.root, 'sim'), { recursive: true });
+  fs.mkdirSync(path.dirname(sim.cocoonBin), { recursive: true });
+  fs.symlinkSync(SIM_BIN, sim.cocoonBin);
+  if (opts.knobs) await sim.setKnobs(opts.knobs);
+  return sim;
+}
+
+/** The digest `image pull <ref>` produces (without an `images.digests` override). */
+export function imageDigest(ref: string): string {
+  return imageDigestFor(ref);
+}

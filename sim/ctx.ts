@@ -1,0 +1,128 @@
+// The per-invocation context handed to every verb: root, knobs, output helpers, and the
+// latency / fault injection of cocoon-cli.md §8.5.
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { CommandSpec, Parsed } from './cli.ts';
+import { findSnapshotIn, findVm, readSnapDb } from './db.ts';
+import { ScriptedExit } from './errors.ts';
+import { consumeTimes, type Knobs, latencyMs, matchesAny, re, ruleKey } from './knobs.ts';
+
+export interface Verb {
+  spec: CommandSpec;
+  /** Reserving verbs sleep their latency themselves, after reserving a placeholder. */
+  reserving?: boolean;
+  run(ctx: Ctx, p: Parsed): Promise<number | undefined>;
+}
+
+export type VerbModule = { verbs: Record<string, Verb> };
+
+export type FaultPhase = 'pre' | 'start';
+
+/** Never resolves; keeps the event loop alive (a hung cocoon). */
+export function hangForever(): Promise<never> {
+  return new Promise<never>(() => {
+    setInterval(() => {}, 1 << 30);
+  });
+}
+
+export class Ctx {
+  readonly root: string;
+  readonly env: NodeJS.ProcessEnv;
+  /** Words after the binary name. */
+  readonly argv: readonly string[];
+  /** Command path, e.g. `vm clone`. */
+  readonly verb: string;
+  readonly knobs: Knobs;
+  readonly leasesPath: string;
+  stdinBytes = 0;
+  private readonly onFinish: (exit: number) => void;
+
+  constructor(opts: {
+    root: string;
+    env: NodeJS.ProcessEnv;
+    argv: readonly string[];
+    verb: string;
+    knobs: Knobs;
+    leasesPath: string;
+    onFinish: (exit: number) => void;
+  }) {
+    this.root = opts.root;
+    this.env = opts.env;
+    this.argv = opts.argv;
+    this.verb = opts.verb;
+    this.knobs = opts.knobs;
+    this.leasesPath = opts.leasesPath;
+    this.onFinish = opts.onFinish;
+  }
+
+  out(text: string): void {
+    process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
+  }
+
+  /** Pretty JSON (inspect, list, clone/run output). */
+  json(value: unknown): void {
+    process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+  }
+
+  err(text: string): void {
+    process.stderr.write(text.endsWith('\n') ? text : `${text}\n`);
+  }
+
+  /** Records the invocation in calls.jsonl now (long-running verbs that exit on a signal). */
+  finish(exit: number): void {
+    this.onFinish(exit);
+  }
+
+  async latency(): Promise<void> {
+    const ms = latencyMs(this.knobs, this.verb);
+    if (ms > 0) await sleep(ms);
+  }
+
+  /**
+   * Evaluates the fault knobs for `phase`. A firing fault throws ScriptedExit (or hangs).
+   * `names` are the VM/snapshot names the invocation concerns (matched by `match`); when
+   * omitted they are derived from --name and the positionals (resolved to names if they are
+   * VM or snapshot references).
+   */
+  async faults(phase: FaultPhase, p: Parsed, names?: string[]): Promise<void> {
+    const faults = this.knobs.faults ?? [];
+    if (faults.length === 0) return;
+    const argvText = this.argv.join(' ');
+    let targetNames = names;
+    for (const [i, f] of faults.entries()) {
+      if ((f.phase ?? 'pre') !== phase) continue;
+      if (f.argvRegex !== undefined && !re(f.argvRegex).test(argvText)) continue;
+      if (f.match !== undefined) {
+        targetNames ??= this.namesOf(p);
+        if (!matchesAny(f.match, targetNames)) continue;
+      }
+      if (f.probability !== undefined && Math.random() >= f.probability) continue;
+      if (f.times !== undefined && !consumeTimes(this.root, ruleKey('fault', i, f), f.times)) continue;
+      if (f.delayMs) await sleep(f.delayMs);
+      if (f.hang) await hangForever();
+      const exit = f.exit ?? 1;
+      const stderr =
+        f.stderr ??
+        (f.error !== undefined ? `Error: ${f.error}\n` : exit !== 0 ? 'Error: injected fault\n' : '');
+      throw new ScriptedExit(exit, f.stdout ?? '', stderr);
+    }
+  }
+
+  private namesOf(p: Parsed): string[] {
+    const out: string[] = [];
+    const name = p.flags.get('name');
+    if (typeof name === 'string') out.push(name);
+    const snaps = readSnapDb(this.root);
+    for (const a of p.args.slice(0, p.dashAt >= 0 ? p.dashAt : undefined)) {
+      out.push(a);
+      try {
+        const vm = findVm(this.root, a);
+        if (vm) out.push(vm.vm.config.name);
+        const s = findSnapshotIn(snaps, a, true);
+        if (s) out.push(s.name);
+      } catch {
+        // ambiguous reference: match on the raw word only
+      }
+    }
+    return out;
+  }
+}
