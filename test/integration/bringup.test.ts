@@ -8,58 +8,17 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { cliCalls, lifecycle } from './helpers.ts';
+import { cliCalls, fixture, lifecycle } from './helpers.ts';
 
 const world = useWorld();
 let w: World;
-const OCI = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
 
 before(async () => {
   w = await world();
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'acme/agent',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    OCI,
-  ]);
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'acme/agent:v3',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    OCI,
-  ]);
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'acme/win',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'windows',
-    '--image',
-    'https://images.example/w.qcow2',
-  ]);
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'acme/fc',
-    '--backend',
-    'firecracker',
-    '--os',
-    'linux',
-    '--image',
-    OCI,
-  ]);
+  await fixture(w, 'acme/agent', 'linux');
+  await fixture(w, 'acme/agent:v3', 'linux');
+  await fixture(w, 'acme/win', 'windows');
+  await fixture(w, 'acme/fc', 'firecracker');
 });
 
 function create(

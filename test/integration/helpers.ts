@@ -51,3 +51,31 @@ export const lifecycle = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack
 export const postClone = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack.io/post-clone-state'] ?? '';
 export const isReady = (p: V1Pod) =>
   p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false;
+
+export const OCI_IMAGE = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
+
+export type FixtureKind = 'linux' | 'linux-cloud' | 'firecracker' | 'windows';
+
+const FIXTURE_KINDS: Record<
+  FixtureKind,
+  { backend: 'cloud-hypervisor' | 'firecracker'; os: 'linux' | 'windows'; image: string }
+> = {
+  linux: { backend: 'cloud-hypervisor', os: 'linux', image: OCI_IMAGE },
+  'linux-cloud': {
+    backend: 'cloud-hypervisor',
+    os: 'linux',
+    image: 'https://cloud-images.ubuntu.com/jammy.img',
+  },
+  firecracker: { backend: 'firecracker', os: 'linux', image: OCI_IMAGE },
+  windows: { backend: 'cloud-hypervisor', os: 'windows', image: 'https://images.example/win11.qcow2' },
+};
+
+/** Creates a clonable snapshot in the world's simulator (optionally with static NICs). */
+export async function fixture(
+  w: World,
+  name: string,
+  kind: FixtureKind,
+  staticIps?: string[],
+): Promise<void> {
+  await w.simulator.fixtureSnapshot(name, { ...FIXTURE_KINDS[kind], ...(staticIps ? { staticIps } : {}) });
+}

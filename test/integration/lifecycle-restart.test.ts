@@ -10,7 +10,7 @@ import { startApiserver, stopApiserver } from '../ground/cluster.ts';
 import { vmPod, waitForPod } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { annotate, guestCalls, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
+import { annotate, fixture, guestCalls, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -26,41 +26,9 @@ function pod(name: string, vmName: string, image: string, extra: Record<string, 
 
 before(async () => {
   w = await world();
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'win/base',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'windows',
-    '--image',
-    'https://images.example/win11.qcow2',
-  ]);
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'lin/static-oci',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-    '--static-ip',
-    '10.88.3.17/16,10.88.0.1',
-  ]);
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'lin/dhcp',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-  ]);
+  await fixture(w, 'win/base', 'windows');
+  await fixture(w, 'lin/static-oci', 'linux', ['10.88.3.17/16,10.88.0.1']);
+  await fixture(w, 'lin/dhcp', 'linux');
   await w.simulator.setKnobs({
     dhcp: {
       windowsApipaWedge: false,

@@ -8,7 +8,7 @@ import { kubectl } from '../ground/cluster.ts';
 import { vmPod, waitForPod } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { annotate, guestCalls, isReady, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
+import { annotate, fixture, guestCalls, isReady, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -45,56 +45,11 @@ const SCENARIOS: [string, string, string, Record<string, string>?][] = [
 
 before(async () => {
   w = await world();
-  const fx = (name: string, ...args: string[]) => w.sim(['fixture', 'snapshot', name, ...args]);
-  await fx(
-    'lin/dhcp',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-  );
-  await fx(
-    'lin/static-oci',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-    '--static-ip',
-    '10.88.3.17/16,10.88.0.1',
-  );
-  await fx(
-    'lin/static-cloud',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'https://cloud-images.ubuntu.com/jammy.img',
-    '--static-ip',
-    '10.88.4.20/24,10.88.4.1',
-  );
-  await fx(
-    'fc/base',
-    '--backend',
-    'firecracker',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-  );
-  await fx(
-    'win/base',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'windows',
-    '--image',
-    'https://images.example/win11.qcow2',
-  );
+  await fixture(w, 'lin/dhcp', 'linux');
+  await fixture(w, 'lin/static-oci', 'linux', ['10.88.3.17/16,10.88.0.1']);
+  await fixture(w, 'lin/static-cloud', 'linux-cloud', ['10.88.4.20/24,10.88.4.1']);
+  await fixture(w, 'fc/base', 'firecracker');
+  await fixture(w, 'win/base', 'windows');
   await w.simulator.setKnobs({
     latency: { 'vm clone': 1500 },
     dhcp: {

@@ -14,7 +14,7 @@ import { startApiserver, stopApiserver } from '../ground/cluster.ts';
 import { vmPod } from '../ground/kube.ts';
 import { waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { annotate, lifecycle } from './helpers.ts';
+import { annotate, fixture, lifecycle } from './helpers.ts';
 
 const N = Number(process.env.VK_SOAK_PODS ?? 300);
 const SEED = Number(process.env.VK_SOAK_SEED ?? 20261130);
@@ -80,30 +80,10 @@ const plans = makePlans();
 
 before(async () => {
   w = await world();
-  const fx = (name: string, ...args: string[]) => w.sim(['fixture', 'snapshot', name, ...args]);
-  const oci = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
-  await fx('soak/dhcp', '--backend', 'cloud-hypervisor', '--os', 'linux', '--image', oci);
-  await fx(
-    'soak/static',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    oci,
-    '--static-ip',
-    '10.90.0.5/16,10.90.0.1',
-  );
-  await fx('soak/fc', '--backend', 'firecracker', '--os', 'linux', '--image', oci);
-  await fx(
-    'soak/win',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'windows',
-    '--image',
-    'https://images.example/win.qcow2',
-  );
+  await fixture(w, 'soak/dhcp', 'linux');
+  await fixture(w, 'soak/static', 'linux', ['10.90.0.5/16,10.90.0.1']);
+  await fixture(w, 'soak/fc', 'firecracker');
+  await fixture(w, 'soak/win', 'windows');
   await w.simulator.setKnobs({
     dhcp: {
       keyByGuestMac: true,

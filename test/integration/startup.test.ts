@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { vmPod, waitForPod } from '../ground/kube.ts';
 import { useWorld, type World } from '../ground/world.ts';
-import { cliCalls, lifecycle } from './helpers.ts';
+import { cliCalls, fixture, lifecycle } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -39,17 +39,7 @@ async function metric(name: string): Promise<number> {
 
 before(async () => {
   w = await world();
-  await w.sim([
-    'fixture',
-    'snapshot',
-    'acme/agent',
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-  ]);
+  await fixture(w, 'acme/agent', 'linux');
 });
 
 test('orphan policy destroy (default) removes unclaimed VMs; a pod without an id is adopted by VM name', async () => {

@@ -11,6 +11,7 @@ import { kubectl } from '../ground/cluster.ts';
 import { adminClients, podReady, vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
 import { run, waitFor } from '../ground/proc.ts';
 import { useWorld, type World } from '../ground/world.ts';
+import { fixture } from './helpers.ts';
 
 const SNAPSHOT = 'acme/agent';
 const world = useWorld();
@@ -18,17 +19,7 @@ let w: World;
 
 before(async () => {
   w = await world();
-  await w.sim([
-    'fixture',
-    'snapshot',
-    SNAPSHOT,
-    '--backend',
-    'cloud-hypervisor',
-    '--os',
-    'linux',
-    '--image',
-    'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-  ]);
+  await fixture(w, SNAPSHOT, 'linux');
 });
 
 function annotations(vmName: string): Record<string, string> {
@@ -364,17 +355,7 @@ describe('exec over SPDY (node without ExtendWebSocketsToKubelet)', () => {
   const spdyWorld = useWorld({ env: { VK_EXEC_WEBSOCKET: 'false' } });
   test('exit codes, stdin and output survive the apiserver SPDY translation', async () => {
     const sw = await spdyWorld();
-    await sw.sim([
-      'fixture',
-      'snapshot',
-      SNAPSHOT,
-      '--backend',
-      'cloud-hypervisor',
-      '--os',
-      'linux',
-      '--image',
-      'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-    ]);
+    await fixture(sw, SNAPSHOT, 'linux');
     const node = await sw.core.readNode({ name: sw.nodeName });
     assert.equal(node.status?.declaredFeatures, undefined);
     await sw.core.createNamespacedPod({
