@@ -185,6 +185,16 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
       await publishReady(ctx, rec, step.vmId);
       break;
     case 'decideFailed':
+      if (step.row === 5) {
+        // The exhaustion marker, hint and errors may not have reached the apiserver (the
+        // job's patch can fail during an outage): re-send them from the tracked copy first.
+        const ann = annotationsOf(rec);
+        await patchAnnotations(ctx, rec, {
+          [POST_CLONE_STATE]: ann[POST_CLONE_STATE] ?? null,
+          [POST_CLONE_HINT]: ann[POST_CLONE_HINT] ?? null,
+          [POST_CLONE_ERRORS]: ann[POST_CLONE_ERRORS] ?? null,
+        });
+      }
       if (step.reason === READY_DEADLINE_REASON) ctx.metrics.readyDeadlineExceeded();
       if (step.reason === 'PostCloneIPWaitTimeout')
         ctx.metrics.ipWait(rec.pod.metadata?.namespace ?? '', 'timeout');
