@@ -39,7 +39,9 @@ export function startProcess(cmd: string, args: string[], opts: StartOptions): C
     cwd: opts.cwd,
     detached: opts.detached ?? false,
   });
-  if (opts.detached) child.unref();
+  // Never hold the caller's event loop open: components are stopped explicitly by PID, and a
+  // test file that restarted the apiserver must still be able to exit.
+  child.unref();
   return child;
 }
 
