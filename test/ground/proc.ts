@@ -1,7 +1,7 @@
 // Small process and network helpers shared by the test ground (control plane, registry,
 // provider). Everything the ground starts is recorded by PID and stopped by PID.
 import { type ChildProcess, spawn } from 'node:child_process';
-import { openSync } from 'node:fs';
+import { openSync, readFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { createServer } from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -45,12 +45,19 @@ export function startProcess(cmd: string, args: string[], opts: StartOptions): C
   return child;
 }
 
+/** True while the process exists and is not a zombie. (This machine's pid 1 does not reap
+ * orphans, so a component re-parented to it stays a zombie after it exits.) */
 export function isAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
-    return true;
   } catch (err) {
     return (err as NodeJS.ErrnoException).code === 'EPERM';
+  }
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3) !== 'Z';
+  } catch {
+    return true;
   }
 }
 
@@ -72,7 +79,8 @@ export async function stopPid(pid: number, graceMs = 5000): Promise<void> {
   } catch {
     return;
   }
-  while (isAlive(pid)) await sleep(20);
+  const killedAt = Date.now();
+  while (isAlive(pid) && Date.now() - killedAt < 10_000) await sleep(20);
 }
 
 /** Polls `check` until it returns true or the deadline passes; the error names `what`. */
