@@ -28,6 +28,8 @@ async function metricValue(port: number, name: string): Promise<number> {
 }
 
 const ground = await startGround(join(dir, 'ground'), { log: (l) => log(l) });
+process.once('SIGTERM', () => void stopGround(ground).finally(() => process.exit(143)));
+process.once('SIGINT', () => void stopGround(ground).finally(() => process.exit(130)));
 try {
   const sim = await newSimRoot({ parent: dir });
   const leasesPath = sim.leasesPath;
@@ -51,19 +53,30 @@ try {
   const created = new Map<string, number>();
   const readyAt = new Map<string, number>();
   const vmIdOf = new Map<string, string>();
+  const onPod = (p: V1Pod) => {
+    const name = p.metadata?.name ?? '';
+    const id = p.metadata?.annotations?.['vm.cocoonstack.io/id'];
+    if (id) vmIdOf.set(name, id);
+    if (p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] === 'ready' && !readyAt.has(name)) {
+      readyAt.set(name, Date.now());
+    }
+  };
+  // A watch for precise timings, re-established if the apiserver ends it; a 1 s list poll
+  // below catches anything a re-established watch missed.
   const watch = new Watch(kc);
-  const req = await watch.watch(
-    `/api/v1/namespaces/${ns}/pods`,
-    {},
-    (_t: string, p: V1Pod) => {
-      const name = p.metadata?.name ?? '';
-      const id = p.metadata?.annotations?.['vm.cocoonstack.io/id'];
-      if (id) vmIdOf.set(name, id);
-      if (p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state'] === 'ready' && !readyAt.has(name))
-        readyAt.set(name, Date.now());
-    },
-    () => {},
-  );
+  let req: { abort(): void } | undefined;
+  let watching = true;
+  const startWatch = async () => {
+    req = await watch.watch(
+      `/api/v1/namespaces/${ns}/pods`,
+      {},
+      (_t: string, p: V1Pod) => onPod(p),
+      () => {
+        if (watching) setTimeout(() => void startWatch(), 100);
+      },
+    );
+  };
+  await startWatch();
   // Lease first-seen times, polled every 20 ms.
   const leaseSeen = new Map<string, number>();
   const poll = setInterval(() => {
@@ -94,10 +107,19 @@ try {
       });
     }),
   );
-  await waitFor(`${N} pods ready`, () => readyAt.size === N, 900_000, 200);
+  await waitFor(
+    `${N} pods ready`,
+    async () => {
+      for (const p of (await core.listNamespacedPod({ namespace: ns })).items) onPod(p);
+      return readyAt.size === N;
+    },
+    900_000,
+    1000,
+  );
+  watching = false;
   const wall = (Date.now() - t0) / 1000;
   clearInterval(poll);
-  req.abort();
+  req?.abort();
   const writesAfter = await metricValue(daemon.metricsPort, 'cocoon_vk_api_writes_total');
 
   const vms = await sim.json<{ id: string; network_configs: { mac: string }[] }[]>([
