@@ -45,7 +45,12 @@ try {
     rootDir: sim.root,
     leasesPath,
     logFile: join(dir, 'vk-cocoon.log'),
-    env: { ...sim.env(), VK_LOG_LEVEL: 'info' },
+    env: {
+      ...sim.env(),
+      VK_LOG_LEVEL: 'info',
+      ...(process.env.VK_KUBE_QPS ? { VK_KUBE_QPS: process.env.VK_KUBE_QPS } : {}),
+      ...(process.env.VK_KUBE_BURST ? { VK_KUBE_BURST: process.env.VK_KUBE_BURST } : {}),
+    },
   });
   const { core, kc } = adminClients(ground.cluster);
   const ns = await newNamespace(core, 'bench');
@@ -136,7 +141,9 @@ try {
     const seen = leaseSeen.get(macOf.get(vmIdOf.get(name) ?? '') ?? '');
     if (seen !== undefined) leaseToReady.push(at - seen);
   }
-  console.log(`\nresults (${N} concurrent clones, zero simulated VM latency, wall ${wall.toFixed(1)} s)`);
+  console.log(
+    `\nresults (${N} concurrent clones, zero simulated VM latency, VK_KUBE_QPS=${process.env.VK_KUBE_QPS ?? 20}, wall ${wall.toFixed(1)} s)`,
+  );
   console.log(
     `  pod bound -> lifecycle ready: p50 ${pct(boundToReady, 50)} ms, p99 ${pct(boundToReady, 99)} ms`,
   );
