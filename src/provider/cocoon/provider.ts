@@ -161,8 +161,14 @@ export class CocoonProvider implements Provider {
     for (const rec of this.#ctx.pods.values()) supersedeJobs(rec, 'provider shutting down');
   }
 
+  /** A lease-file change matters at once only to pods still waiting for a decision; IP
+   * changes of decided pods are picked up by the periodic tick (a burst of N lease writes
+   * would otherwise cost N × pods reconciles). */
   #onLeaseChange(): void {
-    for (const rec of this.#ctx.pods.values()) if (rec.vm) this.#reconcileSoon(rec.key);
+    for (const rec of this.#ctx.pods.values()) {
+      const state = rec.intent?.state ?? '';
+      if (rec.vm && (state === '' || state === 'creating')) this.#reconcileSoon(rec.key);
+    }
   }
 
   #pendingReconcile = new Set<string>();
