@@ -58,6 +58,14 @@ async function main(argv: string[]): Promise<number> {
   for (const name of config.ignoredLaterTier)
     log.info({ variable: name }, 'setting belongs to a later tier; accepted and ignored');
 
+  // A daemon must not die on a stray rejected promise: log it loudly and keep serving. Every
+  // decision is re-derived by the reconcile, so nothing depends on the failed callback.
+  process.on('unhandledRejection', (reason) => {
+    log.error(
+      { err: reason instanceof Error ? (reason.stack ?? reason.message) : String(reason) },
+      'unhandled rejection',
+    );
+  });
   const lifetime = new AbortController();
   const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst);
   const host = probeHost(config.cocoonRootDir);

@@ -14,6 +14,8 @@ import {
   type LifecycleState,
   parseGeneration,
   truncateUtf8,
+  VM_ID,
+  VM_IP,
 } from '../../lifecycle/annotations.ts';
 import {
   buildLifecyclePatch,
@@ -216,8 +218,11 @@ export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise
     }
   }
   const patch = buildLifecyclePatch(rec.uid, intent);
+  // The runtime annotations ride along: if the bind patch was lost (API outage), the id
+  // and ip still reach the apiserver with the decision.
   const extra: Record<string, string | null> = {};
-  if (intent.state === 'ready') extra['vm.cocoonstack.io/ip'] = rec.ip || null;
+  if (rec.vm && rec.spec?.managed) extra[VM_ID] = rec.vm.id;
+  if (intent.state === 'ready') extra[VM_IP] = rec.ip || null;
   const outcome = await patchAnnotations(ctx, rec, { ...patch.metadata.annotations, ...extra });
   if (outcome === 'ok' && rec.intent === intent) rec.intent = markFlushed(intent, comparisonKey(intent));
   if (outcome === 'superseded') {

@@ -506,13 +506,17 @@ export class CocoonProvider implements Provider {
       target: () =>
         isCurrent(this.#ctx, rec) && rec.vm ? { ip: rec.ip, port: rec.spec?.probePort } : undefined,
       onTransition: (ready) => {
-        void this.#ctx.queue.run(rec.key, async () => {
-          if (!isCurrent(this.#ctx, rec)) return;
-          rec.probeReady = ready;
-          await refreshIp(this.#ctx, rec);
-          publish(this.#ctx, rec);
-          this.#reconcileSoon(rec.key);
-        });
+        void this.#ctx.queue
+          .run(rec.key, async () => {
+            if (!isCurrent(this.#ctx, rec)) return;
+            rec.probeReady = ready;
+            await refreshIp(this.#ctx, rec);
+            publish(this.#ctx, rec);
+            this.#reconcileSoon(rec.key);
+          })
+          .catch((err: unknown) =>
+            this.#ctx.log.warn({ pod: rec.key, err: String(err) }, 'probe transition failed'),
+          );
       },
       refreshIp: async () => {
         await refreshIp(this.#ctx, rec);
