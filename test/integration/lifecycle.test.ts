@@ -112,17 +112,20 @@ test('seed 001, CH + OCI + static IP: MAC-matched networkd files', async () => {
   const p = await readyPod('row-oci');
   const vm = await simVm(w, 'vk-row-oci');
   const mac = vm?.network_configs[0]?.mac ?? '';
+  // Clones of one static snapshot get successive addresses from the simulator; use this VM's.
+  const net = vm?.network_configs[0]?.network;
+  assert.ok(net, 'the clone has a static NIC');
   assert.equal(
     await fixupScript('vk-row-oci'),
     [
       'echo 3 > /proc/sys/vm/drop_caches',
       'echo vk-row-oci > /etc/hostname',
       'rm -f /etc/systemd/network/10-*.network',
-      `printf '[Match]\\nMACAddress=${mac}\\n\\n[Network]\\nAddress=10.88.3.17/16\\nGateway=10.88.0.1\\n' > /etc/systemd/network/10-${mac.replaceAll(':', '')}.network`,
+      `printf '[Match]\\nMACAddress=${mac}\\n\\n[Network]\\nAddress=${net.ip}/${net.prefix}\\nGateway=${net.gateway}\\n' > /etc/systemd/network/10-${mac.replaceAll(':', '')}.network`,
       'systemctl restart systemd-networkd',
     ].join('\n'),
   );
-  assert.equal(p.status?.podIP, '10.88.3.17');
+  assert.equal(p.status?.podIP, net.ip);
   assert.equal(postClone(p), 'done');
 });
 
