@@ -4,6 +4,7 @@
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
 import { isIPv4 } from 'node:net';
+import { parseQuantity } from '../vmspec/quantity.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
 export type RestoreMode = 'copy' | 'ondemand' | 'mmap';
@@ -226,7 +227,6 @@ export class ConfigError extends Error {
 
 const DNS_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const LABEL_VALUE = /^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$/;
-const QUANTITY = /^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei|[eE][+-]?[0-9]+)?$/;
 const REGISTRY = /^[A-Za-z0-9.-]+(:[0-9]{1,5})?(\/[a-z0-9]+([._-][a-z0-9]+)*)*$/;
 
 /** Parses and validates the environment; throws ConfigError listing every bad variable. */
@@ -271,7 +271,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
   };
   const quantity = (name: string): string | undefined => {
     const v = optional(name);
-    if (v !== undefined && !QUANTITY.test(v)) {
+    const q = v === undefined ? undefined : parseQuantity(v);
+    if (v !== undefined && (q === undefined || q.negative)) {
       problems.push(`${name}=${JSON.stringify(v)}: expected a Kubernetes quantity such as 32, 64Gi or 1Ti`);
       return undefined;
     }

@@ -8,16 +8,11 @@ import {
   inspectArgv,
   removeArgv,
   runArgv,
-  snapshotInspectArgv,
 } from '../../cocoon/argv.ts';
-import {
-  parseSnapshotRecord,
-  parseVmRecord,
-  type SnapshotRecord,
-  type VmRecord,
-} from '../../cocoon/records.ts';
+import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
 import type { Logger } from '../../log.ts';
+import { inspectSnapshot } from '../../registry/pull.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
@@ -48,18 +43,6 @@ export class BringUpError extends Error {
   override name = 'BringUpError';
 }
 
-async function inspectSnapshot(ctx: ProviderContext, name: string): Promise<SnapshotRecord | undefined> {
-  try {
-    const { stdout } = await ctx.cli.run(snapshotInspectArgv(name), { timeoutMs: SHORT_TIMEOUT_MS });
-    const rec = parseSnapshotRecord(stdout);
-    if (!rec.ok) throw new BringUpError(`cocoon snapshot inspect ${name}: ${rec.error}`);
-    return rec.value;
-  } catch (err) {
-    if (err instanceof CocoonCommandError && err.errorClass === 'snapshot_not_found') return undefined;
-    throw err;
-  }
-}
-
 /** Imports the snapshot's base image when its digest is not present locally (§2.3 step 5). */
 async function ensureBaseImage(ctx: ProviderContext, snap: SnapshotRecord, log: Logger): Promise<void> {
   if (snap.image === '' || isCloudImageUrl(snap.image)) return;
@@ -84,12 +67,12 @@ export async function cloneBringUp(
 ): Promise<BringUpResult> {
   const { repo, tag } = splitCloneImage(spec.image);
   const local = localSnapshotName(spec.image);
-  let snap = await inspectSnapshot(ctx, local);
+  let snap = await inspectSnapshot(ctx.cli, local, undefined);
   if (!snap) {
     if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
     log.info({ snapshot: local, repo, tag }, 'clone source missing locally; pulling it from the registry');
     await puller.ensure(spec.image, { log });
-    snap = await inspectSnapshot(ctx, local);
+    snap = await inspectSnapshot(ctx.cli, local, undefined);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
   }
   if (snap.hypervisor !== '' && snap.hypervisor !== spec.backend) {

@@ -9,7 +9,6 @@ import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { execArgv, listArgv, logsArgv, removeArgv, snapshotRemoveArgv } from '../../cocoon/argv.ts';
 import { parseVmList, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError, killGroup } from '../../cocoon/runner.ts';
-import { apiErrorMessage } from '../../kube/client.ts';
 import type { ExecOutcome, ExecStreams } from '../../kubelet/streams/exec-session.ts';
 import {
   KEEP_SNAPSHOT_ON_DELETE,
@@ -709,7 +708,7 @@ export class CocoonProvider implements Provider {
     if (code === null)
       return {
         kind: 'error',
-        message: `cocoon vm exec failed (${apiErrorMessage(new Error('no exit code'))})`,
+        message: `cocoon vm exec for ${rec.vm.name} did not start or was killed`,
       };
     return { kind: 'exit', code };
   }
