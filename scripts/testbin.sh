@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ensures kube-apiserver, etcd and kubectl built from the Go module proxy
+# Ensures kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kubectl built from the Go module proxy
 # (test-ground.md §3) are cached outside the repository, keyed by Kubernetes version and
 # the wrapper module's go.sum. Prints the cache directory on the last line of stdout.
 # Progress goes to stderr. Builds into a temporary sibling and renames it into place,
@@ -11,7 +11,9 @@ ver="$(sed -n 's/^\s*k8s.io\/kubernetes \(v[0-9.]*\).*/\1/p' "$mod/go.mod" | hea
 [ -n "$ver" ] || { echo "testbin: cannot read the Kubernetes version from $mod/go.mod" >&2; exit 1; }
 sum="$(sha256sum "$mod/go.sum" | cut -c1-12)"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/vk-cocoon/testbin/k8s-${ver}-${sum}"
-if [ -x "$cache/kube-apiserver" ] && [ -x "$cache/etcd" ] && [ -x "$cache/kubectl" ] && [ -f "$cache/VERSION" ]; then
+bins="etcd kube-apiserver kube-controller-manager kube-scheduler kubectl"
+have=1; for b in $bins; do [ -x "$cache/$b" ] || have=0; done
+if [ "$have" = 1 ] && [ -f "$cache/VERSION" ]; then
   echo "testbin: cached $(cat "$cache/VERSION" | tr '\n' ' ')" >&2
   echo "$cache"; exit 0
 fi
@@ -34,8 +36,10 @@ step "compiling etcd"
 go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
 step "compiling kube-apiserver"
 go build -trimpath -ldflags "$ldk" -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
-step "compiling kubectl"
-go build -trimpath -ldflags "$ldk" -o "$tmp/kubectl" k8s.io/kubernetes/cmd/kubectl
+for b in kube-controller-manager kube-scheduler kubectl; do
+  step "compiling $b"
+  go build -trimpath -ldflags "$ldk" -o "$tmp/$b" "k8s.io/kubernetes/cmd/$b"
+done
 kill $ticker 2>/dev/null || true
 {
   "$tmp/kube-apiserver" --version
