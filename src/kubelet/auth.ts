@@ -2,10 +2,14 @@
 // Go implementation accepts any TLS client). Client certificates verified against the
 // client CA identify the apiserver; bearer tokens are checked with a TokenReview (cached
 // 2 min); every request is authorized with a SubjectAccessReview on nodes/<subresource>
-// (allow cached 5 min, deny 30 s).
+// (allow cached 5 min, deny 30 s). A request answered 401 whose client certificate did not
+// verify against the client CA is logged once per (subject, issuer): the usual cause is an
+// apiserver whose kubelet client certificate comes from another CA than the kubeconfig's.
 import type { IncomingMessage } from 'node:http';
 import type { TLSSocket } from 'node:tls';
 import { apiErrorMessage, type Kube } from '../kube/client.ts';
+import type { Logger } from '../log.ts';
+import { bundleSubjects, certificateNames } from './tls.ts';
 
 export interface UserInfo {
   name: string;
@@ -38,15 +42,33 @@ interface Cached<T> {
   until: number;
 }
 
+export interface KubeletAuthorizerOptions {
+  /** The PEM bundle the TLS server verifies client certificates against (undefined: none). */
+  clientCa?: string;
+  /** Receives the once-per-(subject, issuer) line about a rejected client certificate. */
+  log?: Logger;
+}
+
+export const CLIENT_CERT_REJECTED =
+  'kubelet API client certificate does not verify against the client CA: 401';
+const CLIENT_CA_HINT =
+  'the apiserver presents --kubelet-client-certificate to kubelets; set VK_TLS_CLIENT_CA to the CA bundle that signed it (default: the kubeconfig cluster CA)';
+const MAX_REPORTED = 1000;
+
 export class KubeletAuthorizer {
   readonly #kube: Kube;
   readonly #nodeName: string;
+  readonly #log: Logger | undefined;
+  readonly #expectedCa: string[];
   readonly #tokens = new Map<string, Cached<UserInfo | null>>();
   readonly #decisions = new Map<string, Cached<{ allowed: boolean; reason: string }>>();
+  readonly #reported = new Set<string>();
 
-  constructor(kube: Kube, nodeName: string) {
+  constructor(kube: Kube, nodeName: string, opts: KubeletAuthorizerOptions = {}) {
     this.#kube = kube;
     this.#nodeName = nodeName;
+    this.#log = opts.log?.child({ module: 'kubelet-auth' });
+    this.#expectedCa = opts.clientCa ? bundleSubjects(opts.clientCa) : [];
   }
 
   async decide(req: IncomingMessage): Promise<AuthDecision> {
@@ -56,7 +78,10 @@ export class KubeletAuthorizer {
     } catch (err) {
       return { ok: false, status: 500, message: `authentication error: ${apiErrorMessage(err)}` };
     }
-    if (!user) return { ok: false, status: 401, message: 'Unauthorized' };
+    if (!user) {
+      this.#reportRejectedCertificate(req.socket as TLSSocket);
+      return { ok: false, status: 401, message: 'Unauthorized' };
+    }
     const path = new URL(req.url ?? '/', 'https://x').pathname;
     const { verb, subresource } = requestAttributes(req.method ?? 'GET', path);
     try {
@@ -72,6 +97,29 @@ export class KubeletAuthorizer {
       return { ok: false, status: 500, message: `authorization error: ${apiErrorMessage(err)}` };
     }
     return { ok: true, user };
+  }
+
+  /** Logs, once per (subject, issuer), a client certificate that was presented but did not
+   * verify, with the CA subjects it was checked against. */
+  #reportRejectedCertificate(socket: TLSSocket): void {
+    if (!this.#log || socket.authorized || typeof socket.getPeerCertificate !== 'function') return;
+    const peer = socket.getPeerCertificate();
+    if (!peer?.raw) return;
+    const names = certificateNames(peer.raw) ?? { subject: '(unparseable)', issuer: '(unparseable)' };
+    const key = `${names.subject}\0${names.issuer}`;
+    if (this.#reported.has(key)) return;
+    if (this.#reported.size >= MAX_REPORTED) this.#reported.clear();
+    this.#reported.add(key);
+    this.#log.warn(
+      {
+        subject: names.subject,
+        issuer: names.issuer,
+        reason: String(socket.authorizationError ?? 'unverified'),
+        expectedCa: this.#expectedCa.length > 0 ? this.#expectedCa : ['(none configured)'],
+        hint: CLIENT_CA_HINT,
+      },
+      CLIENT_CERT_REJECTED,
+    );
   }
 
   async #authenticate(req: IncomingMessage): Promise<UserInfo | null> {

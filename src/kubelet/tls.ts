@@ -1,6 +1,7 @@
 // The kubelet API serving certificate (virtual-node.md §8.1): VK_TLS_CERT/VK_TLS_KEY when
 // readable and unexpired, else a self-signed ECDSA P-256 certificate (10 years) with SANs
-// for the node name, localhost, the node IP and 127.0.0.1, kept in memory.
+// for the node name, localhost, the node IP and 127.0.0.1, kept in memory. Also names
+// certificates for log lines (the client CA bundle, a rejected client certificate).
 import 'reflect-metadata'; // @peculiar/x509 (through tsyringe) needs the Reflect polyfill first
 import { webcrypto, X509Certificate } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -61,4 +62,37 @@ export async function loadOrCreateServingCert(
     .replace(/(.{64})/g, '$1\n')
     .trimEnd()}\n-----END PRIVATE KEY-----\n`;
   return { cert: cert.toString('pem'), key, selfSigned: true, reason };
+}
+
+/** One-line form of a distinguished name as node:crypto prints it ("O=a\nCN=b" → "O=a, CN=b"). */
+export function oneLineName(name: string): string {
+  return name
+    .split('\n')
+    .map((part) => part.trim())
+    .filter(Boolean)
+    .join(', ');
+}
+
+/** Subject and issuer of a DER certificate, one line each; undefined when it does not parse. */
+export function certificateNames(der: Buffer): { subject: string; issuer: string } | undefined {
+  try {
+    const c = new X509Certificate(der);
+    return { subject: oneLineName(c.subject), issuer: oneLineName(c.issuer) };
+  } catch {
+    return undefined;
+  }
+}
+
+/** Subjects of the certificates of a PEM bundle, in order (blocks that do not parse are skipped). */
+export function bundleSubjects(pem: string): string[] {
+  const blocks = pem.match(/-----BEGIN CERTIFICATE-----[\s\S]+?-----END CERTIFICATE-----/g) ?? [];
+  const out: string[] = [];
+  for (const block of blocks) {
+    try {
+      out.push(oneLineName(new X509Certificate(block).subject));
+    } catch {
+      // not a certificate node:crypto can read: nothing to name
+    }
+  }
+  return out;
 }
