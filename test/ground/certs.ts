@@ -1,24 +1,57 @@
-// Certificates and keys of the test ground. Node.js cannot mint X.509 certificates, so
-// the harness drives Debian's `openssl` (test-ground.md §4.2).
+// Certificates and keys of the test ground, shaped like a kubeadm cluster's PKI: one
+// cluster CA signs the apiserver serving certificate, the apiserver's kubelet-client
+// certificate and every user client certificate (controller-manager, scheduler), so a
+// kubeconfig's CA is also the CA of the kubelet client. A second, rogue CA signs one
+// client certificate for negative tests. Node.js cannot mint X.509 certificates, so the
+// harness drives Debian's `openssl` (test-ground.md §4.2).
 import { generateKeyPairSync } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { run } from './proc.ts';
 
 export interface GroundCerts {
+  /** The cluster CA (kubeadm's `ca.crt`): every kubeconfig's certificate-authority. */
   caCert: string;
   caKey: string;
+  /** The apiserver serving certificate (SANs 127.0.0.1, localhost, kubernetes.default...). */
+  apiserverCert: string;
+  apiserverKey: string;
   /** Client certificate the apiserver presents to kubelets (CN kube-apiserver-kubelet-client). */
   kubeletClientCert: string;
   kubeletClientKey: string;
-  /** A client certificate signed by a CA nobody trusts (negative tests). */
+  /** kube-controller-manager's identity (CN system:kube-controller-manager). */
+  controllerManagerCert: string;
+  controllerManagerKey: string;
+  /** kube-scheduler's identity (CN system:kube-scheduler). */
+  schedulerCert: string;
+  schedulerKey: string;
+  /** kubeadm's front-proxy CA and the apiserver's aggregation client (CN front-proxy-client):
+   * the apiserver publishes the CA as requestheader-client-ca-file, which the delegated
+   * authentication of kube-controller-manager and kube-scheduler expects to find. */
+  frontProxyCaCert: string;
+  frontProxyClientCert: string;
+  frontProxyClientKey: string;
+  /** The CA nobody trusts and a client certificate it signed (negative tests). */
+  rogueCaCert: string;
   rogueClientCert: string;
   rogueClientKey: string;
   saPub: string;
   saKey: string;
 }
 
-async function makeCa(dir: string, name: string): Promise<{ cert: string; key: string }> {
+/** The apiserver serving certificate's SANs: what kubeadm puts there for a loopback node
+ * (the first address of --service-cluster-ip-range is the `kubernetes` Service). */
+export const APISERVER_SANS = [
+  'IP:127.0.0.1',
+  'IP:10.0.0.1',
+  'DNS:localhost',
+  'DNS:kubernetes',
+  'DNS:kubernetes.default',
+  'DNS:kubernetes.default.svc',
+  'DNS:kubernetes.default.svc.cluster.local',
+];
+
+async function makeCa(dir: string, name: string, cn = name): Promise<{ cert: string; key: string }> {
   const cert = join(dir, `${name}.crt`);
   const key = join(dir, `${name}.key`);
   await run('openssl', [
@@ -36,7 +69,7 @@ async function makeCa(dir: string, name: string): Promise<{ cert: string; key: s
     '-days',
     '3650',
     '-subj',
-    `/CN=${name}`,
+    `/CN=${cn}`,
     '-addext',
     'basicConstraints=critical,CA:TRUE',
     '-addext',
@@ -97,13 +130,30 @@ export async function issueCert(
 }
 
 export async function makeGroundCerts(dir: string): Promise<GroundCerts> {
-  const ca = await makeCa(dir, 'harness-ca');
+  const ca = await makeCa(dir, 'ca', 'kubernetes'); // kubeadm's CA subject
   const rogueCa = await makeCa(dir, 'rogue-ca');
+  const apiserver = await issueCert(dir, 'apiserver', ca, '/CN=kube-apiserver', 'serverAuth', APISERVER_SANS);
   const kubeletClient = await issueCert(
     dir,
     'kubelet-client',
     ca,
     '/O=system:masters/CN=kube-apiserver-kubelet-client',
+    'clientAuth',
+  );
+  const controllerManager = await issueCert(
+    dir,
+    'controller-manager',
+    ca,
+    '/CN=system:kube-controller-manager',
+    'clientAuth',
+  );
+  const scheduler = await issueCert(dir, 'scheduler', ca, '/CN=system:kube-scheduler', 'clientAuth');
+  const frontProxyCa = await makeCa(dir, 'front-proxy-ca');
+  const frontProxyClient = await issueCert(
+    dir,
+    'front-proxy-client',
+    frontProxyCa,
+    '/CN=front-proxy-client',
     'clientAuth',
   );
   const rogue = await issueCert(dir, 'rogue-client', rogueCa, '/O=system:masters/CN=rogue', 'clientAuth');
@@ -115,8 +165,18 @@ export async function makeGroundCerts(dir: string): Promise<GroundCerts> {
   return {
     caCert: ca.cert,
     caKey: ca.key,
+    apiserverCert: apiserver.cert,
+    apiserverKey: apiserver.key,
     kubeletClientCert: kubeletClient.cert,
     kubeletClientKey: kubeletClient.key,
+    controllerManagerCert: controllerManager.cert,
+    controllerManagerKey: controllerManager.key,
+    schedulerCert: scheduler.cert,
+    schedulerKey: scheduler.key,
+    frontProxyCaCert: frontProxyCa.cert,
+    frontProxyClientCert: frontProxyClient.cert,
+    frontProxyClientKey: frontProxyClient.key,
+    rogueCaCert: rogueCa.cert,
     rogueClientCert: rogue.cert,
     rogueClientKey: rogue.key,
     saPub,

@@ -1,5 +1,5 @@
-// `npm run cluster -- up|down|status [--dir DIR]`: a long-lived local control plane plus
-// registry for development and `npm run demo`. `up` is idempotent and prints
+// `npm run cluster -- up|down|status [--dir DIR]`: a long-lived local control plane (etcd,
+// kube-apiserver, kube-controller-manager, kube-scheduler) plus registry for development. `up` is idempotent and prints
 // `KUBECONFIG=<path>` as its last line; `down` stops every process it started, by PID.
 import { mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -19,6 +19,12 @@ async function healthy(g: Ground): Promise<boolean> {
 function describe(g: Ground): void {
   console.log(`kube-apiserver ${g.cluster.version} at ${g.cluster.url} (pid ${g.cluster.pids.apiserver})`);
   console.log(`etcd at 127.0.0.1:${g.cluster.etcdPort} (pid ${g.cluster.pids.etcd})`);
+  console.log(
+    `kube-controller-manager at https://127.0.0.1:${g.cluster.controllerManagerPort} (pid ${g.cluster.pids.controllerManager})`,
+  );
+  console.log(
+    `kube-scheduler at https://127.0.0.1:${g.cluster.schedulerPort} (pid ${g.cluster.pids.scheduler})`,
+  );
   console.log(
     `registry at ${g.registry.url} (pid ${g.registry.pid}); OCI_REGISTRY=${g.registry.hostPort}/cocoon`,
   );

@@ -1,7 +1,8 @@
-// The local control plane of the test ground: etcd + kube-apiserver built from the Go
-// module proxy (scripts/testbin.sh), on loopback, with generated certificates, static
-// tokens, service-account keys and the kubelet-client settings the apiserver needs to
-// proxy `kubectl logs`/`exec` to a node (test-ground.md §3–§5).
+// The local control plane of the test ground: etcd, kube-apiserver, kube-controller-manager
+// and kube-scheduler built from the Go module proxy (scripts/testbin.sh), on loopback, with
+// a kubeadm-shaped PKI (one cluster CA: certs.ts), static tokens, service-account keys and
+// the kubelet-client settings the apiserver needs to proxy `kubectl logs`/`exec` to a node
+// (test-ground.md §3–§5).
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -27,11 +28,16 @@ export interface ClusterState {
   apiserverPort: number;
   etcdPort: number;
   etcdPeerPort: number;
-  pids: { etcd: number; apiserver: number };
-  /** CA bundle that verifies the apiserver's self-signed serving certificate. */
+  /** Secure (healthz) ports of kube-controller-manager and kube-scheduler on 127.0.0.1. */
+  controllerManagerPort: number;
+  schedulerPort: number;
+  pids: { etcd: number; apiserver: number; controllerManager: number; scheduler: number };
+  /** CA that verifies the apiserver's serving certificate: the cluster CA (`certs.caCert`). */
   apiserverCa: string;
   kubeconfig: string;
   providerKubeconfig: string;
+  controllerManagerKubeconfig: string;
+  schedulerKubeconfig: string;
   tokens: GroundTokens;
   certs: GroundCerts;
   extraApiserverArgs: string[];
@@ -44,17 +50,26 @@ export interface ClusterOptions {
   log?: (line: string) => void;
 }
 
-/** Builds (or finds cached) kube-apiserver, etcd and kubectl; returns their directory. */
+/** Builds (or finds cached) kube-apiserver, kube-controller-manager, kube-scheduler, etcd
+ * and kubectl; returns their directory. */
 export async function ensureTestBinaries(log: (line: string) => void = () => {}): Promise<string> {
-  log('ensuring kube-apiserver/etcd/kubectl (first build takes minutes)');
+  log(
+    'ensuring kube-apiserver/kube-controller-manager/kube-scheduler/etcd/kubectl (first build takes minutes)',
+  );
   const { stdout } = await run('bash', [join(repoRoot, 'scripts', 'testbin.sh')]);
   const dir = stdout.trim().split('\n').pop() ?? '';
-  if (!existsSync(join(dir, 'kube-apiserver')))
-    throw new Error(`testbin.sh did not produce binaries (${dir})`);
+  for (const bin of ['kube-apiserver', 'kube-controller-manager', 'kube-scheduler'])
+    if (!existsSync(join(dir, bin))) throw new Error(`testbin.sh did not produce ${bin} (${dir})`);
   return dir;
 }
 
-function kubeconfigYaml(url: string, ca: string, user: string, token: string): string {
+type Credential = { token: string } | { cert: string; key: string };
+
+function kubeconfigYaml(url: string, ca: string, user: string, cred: Credential): string {
+  const userLines =
+    'token' in cred
+      ? [`    token: ${cred.token}`]
+      : [`    client-certificate: ${cred.cert}`, `    client-key: ${cred.key}`];
   return [
     'apiVersion: v1',
     'kind: Config',
@@ -66,7 +81,7 @@ function kubeconfigYaml(url: string, ca: string, user: string, token: string): s
     'users:',
     `- name: ${user}`,
     '  user:',
-    `    token: ${token}`,
+    ...userLines,
     'contexts:',
     '- name: ground',
     '  context: {cluster: ground, user: ' + user + '}',
@@ -81,7 +96,8 @@ function apiserverArgs(s: ClusterState): string[] {
     '--bind-address=127.0.0.1',
     '--advertise-address=127.0.0.1',
     `--secure-port=${s.apiserverPort}`,
-    `--cert-dir=${join(s.dir, 'apiserver-certs')}`,
+    `--tls-cert-file=${s.certs.apiserverCert}`,
+    `--tls-private-key-file=${s.certs.apiserverKey}`,
     `--service-account-issuer=https://127.0.0.1:${s.apiserverPort}`,
     `--service-account-key-file=${s.certs.saPub}`,
     `--service-account-signing-key-file=${s.certs.saKey}`,
@@ -94,6 +110,13 @@ function apiserverArgs(s: ClusterState): string[] {
     '--kubelet-preferred-address-types=InternalIP',
     `--kubelet-client-certificate=${s.certs.kubeletClientCert}`,
     `--kubelet-client-key=${s.certs.kubeletClientKey}`,
+    `--requestheader-client-ca-file=${s.certs.frontProxyCaCert}`,
+    '--requestheader-allowed-names=front-proxy-client',
+    '--requestheader-username-headers=X-Remote-User',
+    '--requestheader-group-headers=X-Remote-Group',
+    '--requestheader-extra-headers-prefix=X-Remote-Extra-',
+    `--proxy-client-cert-file=${s.certs.frontProxyClientCert}`,
+    `--proxy-client-key-file=${s.certs.frontProxyClientKey}`,
     '--profiling=false',
     '--v=1',
     ...s.extraApiserverArgs,
@@ -160,6 +183,86 @@ export async function stopApiserver(s: ClusterState): Promise<void> {
   await stopPid(s.pids.apiserver);
 }
 
+/**
+ * kube-controller-manager as kubeadm runs it: its own client certificate (the bootstrap
+ * RBAC role of `system:kube-controller-manager` applies), one service account per
+ * controller, the cluster CA as root CA and signer. Default timings (node monitor grace
+ * period, pod eviction via DefaultTolerationSeconds, PodGC quarantine) are kept, so the
+ * ground behaves like a real cluster: a node whose Lease stops turns Unknown after 50 s.
+ */
+function controllerManagerArgs(s: ClusterState): string[] {
+  const kc = s.controllerManagerKubeconfig;
+  return [
+    `--kubeconfig=${kc}`,
+    `--authentication-kubeconfig=${kc}`,
+    `--authorization-kubeconfig=${kc}`,
+    '--bind-address=127.0.0.1',
+    `--secure-port=${s.controllerManagerPort}`,
+    `--client-ca-file=${s.certs.caCert}`,
+    `--requestheader-client-ca-file=${s.certs.frontProxyCaCert}`,
+    '--leader-elect=false',
+    '--use-service-account-credentials=true',
+    `--service-account-private-key-file=${s.certs.saKey}`,
+    `--root-ca-file=${s.certs.caCert}`,
+    `--cluster-signing-cert-file=${s.certs.caCert}`,
+    `--cluster-signing-key-file=${s.certs.caKey}`,
+    '--service-cluster-ip-range=10.0.0.0/24',
+    '--profiling=false',
+    '--v=1',
+  ];
+}
+
+function schedulerArgs(s: ClusterState): string[] {
+  const kc = s.schedulerKubeconfig;
+  return [
+    `--kubeconfig=${kc}`,
+    `--authentication-kubeconfig=${kc}`,
+    `--authorization-kubeconfig=${kc}`,
+    '--bind-address=127.0.0.1',
+    `--secure-port=${s.schedulerPort}`,
+    '--leader-elect=false',
+    '--profiling=false',
+    '--v=1',
+  ];
+}
+
+/** Starts a control-plane component, records its PID in the state at once (so a failed
+ * start is still stopped by stopCluster) and waits for /healthz on its secure port. */
+async function startComponent(
+  s: ClusterState,
+  name: 'kube-controller-manager' | 'kube-scheduler',
+  detached: boolean,
+): Promise<number> {
+  const kcm = name === 'kube-controller-manager';
+  const port = kcm ? s.controllerManagerPort : s.schedulerPort;
+  const logFile = join(s.dir, `${name}.log`);
+  const child = startProcess(join(s.binDir, name), kcm ? controllerManagerArgs(s) : schedulerArgs(s), {
+    logFile,
+    detached,
+  });
+  const pid = child.pid ?? 0;
+  if (kcm) s.pids.controllerManager = pid;
+  else s.pids.scheduler = pid;
+  await waitFor(
+    `${name} /healthz`,
+    async () => {
+      if (!isAlive(pid)) throw new Error(`${name} exited; see ${logFile}`);
+      return (await httpsGet(`https://127.0.0.1:${port}/healthz`)).status === 200;
+    },
+    60_000,
+    250,
+  );
+  return pid;
+}
+
+export function startControllerManager(s: ClusterState, detached = false): Promise<number> {
+  return startComponent(s, 'kube-controller-manager', detached);
+}
+
+export function startScheduler(s: ClusterState, detached = false): Promise<number> {
+  return startComponent(s, 'kube-scheduler', detached);
+}
+
 /** Runs the ground's kubectl with the admin kubeconfig. */
 export async function kubectl(s: ClusterState, args: string[], input?: string): Promise<string> {
   const { stdout } = await run(join(s.binDir, 'kubectl'), ['--kubeconfig', s.kubeconfig, ...args], { input });
@@ -200,37 +303,63 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
     apiserverPort,
     etcdPort: await freePort(),
     etcdPeerPort: await freePort(),
-    pids: { etcd: 0, apiserver: 0 },
-    apiserverCa: join(opts.dir, 'apiserver-certs', 'apiserver.crt'),
+    controllerManagerPort: await freePort(),
+    schedulerPort: await freePort(),
+    pids: { etcd: 0, apiserver: 0, controllerManager: 0, scheduler: 0 },
+    apiserverCa: certs.caCert,
     kubeconfig: join(opts.dir, 'admin.kubeconfig'),
     providerKubeconfig: join(opts.dir, 'vk-cocoon.kubeconfig'),
+    controllerManagerKubeconfig: join(opts.dir, 'controller-manager.kubeconfig'),
+    schedulerKubeconfig: join(opts.dir, 'scheduler.kubeconfig'),
     tokens,
     certs,
     extraApiserverArgs: opts.extraApiserverArgs ?? [],
   };
-  writeFileSync(state.kubeconfig, kubeconfigYaml(state.url, state.apiserverCa, 'admin', tokens.admin));
+  const ca = certs.caCert;
+  writeFileSync(state.kubeconfig, kubeconfigYaml(state.url, ca, 'admin', { token: tokens.admin }));
   writeFileSync(
     state.providerKubeconfig,
-    kubeconfigYaml(state.url, state.apiserverCa, 'vk-cocoon', tokens.provider),
+    kubeconfigYaml(state.url, ca, 'vk-cocoon', { token: tokens.provider }),
   );
-  log(`starting etcd on 127.0.0.1:${state.etcdPort}`);
-  state.pids.etcd = await startEtcd(state, opts.detached ?? false);
-  log(`starting kube-apiserver ${version} on ${state.url}`);
+  writeFileSync(
+    state.controllerManagerKubeconfig,
+    kubeconfigYaml(state.url, ca, 'system:kube-controller-manager', {
+      cert: certs.controllerManagerCert,
+      key: certs.controllerManagerKey,
+    }),
+  );
+  writeFileSync(
+    state.schedulerKubeconfig,
+    kubeconfigYaml(state.url, ca, 'system:kube-scheduler', {
+      cert: certs.schedulerCert,
+      key: certs.schedulerKey,
+    }),
+  );
+  const detached = opts.detached ?? false;
   try {
-    await startApiserver(state, opts.detached ?? false);
+    log(`starting etcd on 127.0.0.1:${state.etcdPort}`);
+    state.pids.etcd = await startEtcd(state, detached);
+    log(`starting kube-apiserver ${version} on ${state.url}`);
+    await startApiserver(state, detached);
+    log('starting kube-controller-manager and kube-scheduler');
+    await Promise.all([
+      startControllerManager(state, detached),
+      startScheduler(state, detached),
+      (async () => {
+        await kubectl(state, ['apply', '-f', join(repoRoot, 'deploy', 'rbac.yaml')]);
+        await kubectl(state, [
+          'create',
+          'clusterrolebinding',
+          'metrics-server-kubelet-reader',
+          '--clusterrole=vk-cocoon-kubelet-reader',
+          '--user=metrics-server',
+        ]);
+      })(),
+    ]);
   } catch (err) {
-    await stopPid(state.pids.apiserver);
-    await stopPid(state.pids.etcd);
+    await stopCluster(state);
     throw err;
   }
-  await kubectl(state, ['apply', '-f', join(repoRoot, 'deploy', 'rbac.yaml')]);
-  await kubectl(state, [
-    'create',
-    'clusterrolebinding',
-    'metrics-server-kubelet-reader',
-    '--clusterrole=vk-cocoon-kubelet-reader',
-    '--user=metrics-server',
-  ]);
   writeFileSync(join(opts.dir, 'cluster.json'), JSON.stringify(state, null, 2));
   log('control plane ready');
   return state;
@@ -242,9 +371,10 @@ export function readClusterState(dir: string): ClusterState | undefined {
   return JSON.parse(readFileSync(file, 'utf8')) as ClusterState;
 }
 
-/** True when both recorded processes are alive and the apiserver answers /readyz. */
+/** True when every recorded process is alive and the apiserver answers /readyz. */
 export async function clusterHealthy(s: ClusterState): Promise<boolean> {
-  if (!isAlive(s.pids.etcd) || !isAlive(s.pids.apiserver)) return false;
+  if (![s.pids.etcd, s.pids.apiserver, s.pids.controllerManager, s.pids.scheduler].every(isAlive))
+    return false;
   try {
     return (await httpsGet(`${s.url}/readyz`)).status === 200;
   } catch {
@@ -252,8 +382,11 @@ export async function clusterHealthy(s: ClusterState): Promise<boolean> {
   }
 }
 
-/** Stops the apiserver first, then etcd (test-ground.md §4.3). Kills by recorded PID only. */
+/** Stops the scheduler and the controller-manager, then the apiserver, then etcd
+ * (test-ground.md §4.3). Kills by recorded PID only; a PID of 0 (never started) is skipped. */
 export async function stopCluster(s: ClusterState): Promise<void> {
-  await stopPid(s.pids.apiserver);
-  await stopPid(s.pids.etcd);
+  const stop = (pid: number | undefined) => (pid ? stopPid(pid) : Promise.resolve());
+  await Promise.all([stop(s.pids.scheduler), stop(s.pids.controllerManager)]);
+  await stop(s.pids.apiserver);
+  await stop(s.pids.etcd);
 }

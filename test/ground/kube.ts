@@ -1,6 +1,6 @@
 // Kubernetes helpers for integration tests: admin clients, unique namespaces, polling.
 import { randomBytes } from 'node:crypto';
-import { CoordinationV1Api, CoreV1Api, KubeConfig, type V1Pod } from '@kubernetes/client-node';
+import { AppsV1Api, CoordinationV1Api, CoreV1Api, KubeConfig, type V1Pod } from '@kubernetes/client-node';
 import type { ClusterState } from './cluster.ts';
 import { waitFor } from './proc.ts';
 
@@ -8,22 +8,30 @@ export interface AdminClients {
   kc: KubeConfig;
   core: CoreV1Api;
   coordination: CoordinationV1Api;
+  apps: AppsV1Api;
 }
 
 export function adminClients(cluster: ClusterState): AdminClients {
   const kc = new KubeConfig();
   kc.loadFromFile(cluster.kubeconfig);
-  return { kc, core: kc.makeApiClient(CoreV1Api), coordination: kc.makeApiClient(CoordinationV1Api) };
+  return {
+    kc,
+    core: kc.makeApiClient(CoreV1Api),
+    coordination: kc.makeApiClient(CoordinationV1Api),
+    apps: kc.makeApiClient(AppsV1Api),
+  };
 }
 
-/** Creates a namespace with a unique name (namespaces are never deleted: no controller). */
+/** Creates a namespace with a unique name. Tests leave namespaces in place: the namespace
+ * controller would gracefully delete their pods, and a stopped world's pods would stay
+ * Terminating (nobody completes the deletion). */
 export async function newNamespace(core: CoreV1Api, prefix = 't'): Promise<string> {
   const name = `${prefix}-${randomBytes(4).toString('hex')}`;
   await core.createNamespace({ body: { metadata: { name } } });
   return name;
 }
 
-/** A pod bound to `nodeName` (no scheduler runs) with the provider's toleration. */
+/** A pod bound to `nodeName` (the scheduler skips it) with the provider's toleration. */
 export function vmPod(
   name: string,
   nodeName: string,

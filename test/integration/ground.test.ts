@@ -1,14 +1,17 @@
-// Tests of the test ground itself: a real kube-apiserver + etcd, real kubectl, and
-// Debian's docker-registry. No mock of the Kubernetes API anywhere.
+// Tests of the test ground itself: a real kube-apiserver + etcd with kube-controller-manager
+// and kube-scheduler on a kubeadm-shaped PKI, real kubectl, and Debian's docker-registry. No
+// mock of the Kubernetes API anywhere.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
+import { readFileSync } from 'node:fs';
+import { request } from 'node:https';
 import { join } from 'node:path';
 import { before, test } from 'node:test';
-import { type V1Pod, Watch } from '@kubernetes/client-node';
+import { KubeConfig, type V1Pod, Watch } from '@kubernetes/client-node';
 import { kubectl } from '../ground/cluster.ts';
 import { type Ground, useGround } from '../ground/ground.ts';
 import { adminClients, newNamespace, vmPod } from '../ground/kube.ts';
-import { run } from '../ground/proc.ts';
+import { httpsGet, run, waitFor } from '../ground/proc.ts';
 
 const ground = useGround();
 let g: Ground;
@@ -24,6 +27,121 @@ test('the apiserver is the version the suite was built for and kubectl talks to 
     serverVersion: { gitVersion: string };
   };
   assert.equal(`Kubernetes ${v.serverVersion.gitVersion}`, g.cluster.version);
+});
+
+/** GET with the server certificate verified against `ca` (hostname 127.0.0.1). */
+function verifiedGet(url: string, ca: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const req = request(url, { ca: readFileSync(ca), agent: false }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode ?? 0));
+    });
+    req.on('error', reject);
+    req.end();
+  });
+}
+
+test('the PKI is kubeadm-shaped: one cluster CA is every kubeconfig CA, verifies the apiserver and signs its kubelet client and the component identities', async () => {
+  const c = g.cluster;
+  const ca = c.certs.caCert;
+  for (const file of [
+    c.kubeconfig,
+    c.providerKubeconfig,
+    c.controllerManagerKubeconfig,
+    c.schedulerKubeconfig,
+  ]) {
+    const kc = new KubeConfig();
+    kc.loadFromFile(file);
+    assert.equal(kc.getCurrentCluster()?.caFile, ca, file);
+  }
+  assert.equal(
+    await verifiedGet(`${c.url}/readyz`, ca),
+    200,
+    'the cluster CA verifies the apiserver at 127.0.0.1',
+  );
+  assert.equal(await verifiedGet(`https://localhost:${c.apiserverPort}/readyz`, ca), 200, 'and at localhost');
+  await assert.rejects(verifiedGet(`${c.url}/readyz`, c.certs.rogueCaCert), /self[- ]signed|issuer|verify/i);
+  const apiserverArgs = readFileSync(`/proc/${c.pids.apiserver}/cmdline`, 'utf8').split('\0');
+  assert.ok(apiserverArgs.includes(`--client-ca-file=${ca}`));
+  assert.ok(apiserverArgs.includes(`--kubelet-client-certificate=${c.certs.kubeletClientCert}`));
+  const verify = await run('openssl', [
+    'verify',
+    '-CAfile',
+    ca,
+    c.certs.kubeletClientCert,
+    c.certs.controllerManagerCert,
+    c.certs.schedulerCert,
+  ]);
+  assert.equal(verify.stdout.match(/: OK$/gm)?.length, 3, verify.stdout);
+  await assert.rejects(run('openssl', ['verify', '-CAfile', ca, c.certs.rogueClientCert]));
+});
+
+test('kube-controller-manager and kube-scheduler run as their own identities and the controllers act', async () => {
+  const c = g.cluster;
+  for (const port of [c.controllerManagerPort, c.schedulerPort])
+    assert.equal((await httpsGet(`https://127.0.0.1:${port}/healthz`)).status, 200, `healthz on ${port}`);
+  const whoami = async (kubeconfig: string) =>
+    (
+      JSON.parse(
+        (await run(join(c.binDir, 'kubectl'), ['--kubeconfig', kubeconfig, 'auth', 'whoami', '-o', 'json']))
+          .stdout,
+      ) as { status: { userInfo: { username: string } } }
+    ).status.userInfo.username;
+  assert.equal(await whoami(c.controllerManagerKubeconfig), 'system:kube-controller-manager');
+  assert.equal(await whoami(c.schedulerKubeconfig), 'system:kube-scheduler');
+  const { core } = adminClients(c);
+  const ns = await newNamespace(core);
+  // serviceaccount controller and root-ca-cert-publisher
+  await waitFor(
+    `ServiceAccount ${ns}/default`,
+    async () => !!(await core.readNamespacedServiceAccount({ namespace: ns, name: 'default' })),
+    30_000,
+    200,
+  );
+  let rootCa = '';
+  await waitFor(
+    `ConfigMap ${ns}/kube-root-ca.crt`,
+    async () => {
+      rootCa = (await core.readNamespacedConfigMap({ namespace: ns, name: 'kube-root-ca.crt' })).data?.[
+        'ca.crt'
+      ] as string;
+      return !!rootCa;
+    },
+    30_000,
+    200,
+  );
+  assert.equal(rootCa.trim(), readFileSync(c.certs.caCert, 'utf8').trim());
+  // garbage collector: a dependent goes with its owner
+  const owner = await core.createNamespacedConfigMap({
+    namespace: ns,
+    body: { metadata: { name: 'owner' } },
+  });
+  await core.createNamespacedConfigMap({
+    namespace: ns,
+    body: {
+      metadata: {
+        name: 'dependent',
+        ownerReferences: [
+          { apiVersion: 'v1', kind: 'ConfigMap', name: 'owner', uid: owner.metadata?.uid ?? '' },
+        ],
+      },
+    },
+  });
+  await core.deleteNamespacedConfigMap({ namespace: ns, name: 'owner' });
+  await waitFor(
+    'the garbage collector to delete the dependent ConfigMap',
+    async () => {
+      try {
+        await core.readNamespacedConfigMap({ namespace: ns, name: 'dependent' });
+        return false;
+      } catch (err) {
+        if ((err as { code?: number }).code === 404) return true;
+        throw err;
+      }
+    },
+    30_000,
+    200,
+  );
 });
 
 test('a pod bound to a node is created and its watch delivers ADDED then DELETED', async () => {

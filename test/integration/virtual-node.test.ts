@@ -1,12 +1,15 @@
 // The virtual node against the real kube-apiserver: node registration and heartbeat, pods
 // to VMs through the simulator, kubectl logs/exec through the apiserver (WebSocket proxied
 // straight to us, and SPDY when the node does not declare ExtendWebSocketsToKubelet),
-// graceful deletion, kubelet API authentication.
+// graceful deletion, kubelet API authentication. The main world runs the daemon on its
+// defaults for the client CA (VK_TLS_CLIENT_CA unset: the kubeconfig's cluster CA), which on
+// the kubeadm-shaped ground is also the CA of the apiserver's kubelet client.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { before, describe, test } from 'node:test';
+import { CLIENT_CERT_REJECTED } from '../../src/kubelet/auth.ts';
 import { kubectl } from '../ground/cluster.ts';
 import { adminClients, podReady, vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
 import { run, waitFor } from '../ground/proc.ts';
@@ -14,7 +17,9 @@ import { useWorld, type World } from '../ground/world.ts';
 import { fixture } from './helpers.ts';
 
 const SNAPSHOT = 'acme/agent';
-const world = useWorld();
+// An empty value is "unset" for the daemon (src/config/env.ts): the client CA defaults to the
+// kubeconfig's certificate-authority, whatever the ground's daemon defaults say.
+const world = useWorld({ env: { VK_TLS_CLIENT_CA: '' } });
 let w: World;
 
 before(async () => {
@@ -316,6 +321,53 @@ describe('pods', () => {
     t.diagnostic(`${n} pods deleted after ${((Date.now() - t1) / 1000).toFixed(1)} s`);
     const left = (await simVms()).filter((v) => v.config.name.startsWith('vk-it-many-'));
     assert.equal(left.length, 0, 'no VM leaked');
+  });
+});
+
+describe('kubelet API on the daemon defaults (no VK_TLS_CLIENT_CA)', () => {
+  test('the apiserver kubelet client is trusted through the kubeconfig CA: kubectl logs and exec work; a rogue-CA certificate gets 401, logged once', async () => {
+    const env = readFileSync(`/proc/${w.daemon.pid}/environ`, 'utf8').split('\0');
+    assert.ok(
+      !env.some((kv) => /^VK_TLS_CLIENT_CA=./.test(kv)),
+      `the daemon runs without VK_TLS_CLIENT_CA (${env.filter((kv) => kv.startsWith('VK_TLS')).join(' ')})`,
+    );
+    const ns = w.namespace;
+    await w.core.createNamespacedPod({
+      namespace: ns,
+      body: vmPod('defaults-0', w.nodeName, annotations('vk-it-defaults-0')),
+    });
+    await waitForPod(
+      w.core,
+      ns,
+      'defaults-0',
+      'Running',
+      (p) => p.status?.phase === 'Running' && podReady(p),
+    );
+    assert.match(await kubectl(w.ground.cluster, ['-n', ns, 'logs', 'defaults-0']), /vk-it-defaults-0/);
+    assert.equal(
+      await kubectl(w.ground.cluster, ['-n', ns, 'exec', 'defaults-0', '--', 'echo', 'defaults']),
+      'defaults\n',
+    );
+
+    const pki = join(w.ground.cluster.dir, 'pki');
+    const rogue = { cert: join(pki, 'rogue-client.crt'), key: join(pki, 'rogue-client.key') };
+    for (let i = 0; i < 3; i++) assert.equal((await kubeletGet('/pods', rogue)).status, 401);
+    const rejected = () =>
+      readFileSync(w.logFile, 'utf8')
+        .split('\n')
+        .filter((l) => l.includes(CLIENT_CERT_REJECTED))
+        .map((l) => JSON.parse(l) as Record<string, unknown>);
+    await waitFor('the rejected-certificate line', () => rejected().length > 0, 5000, 100);
+    const lines = rejected();
+    assert.equal(lines.length, 1, 'logged once for one subject and issuer');
+    assert.equal(lines[0]?.level, 'warn');
+    assert.equal(lines[0]?.subject, 'O=system:masters, CN=rogue');
+    assert.equal(lines[0]?.issuer, 'CN=rogue-ca');
+    assert.deepEqual(lines[0]?.expectedCa, ['CN=kubernetes']);
+    assert.match(String(lines[0]?.hint), /VK_TLS_CLIENT_CA/);
+
+    await w.core.deleteNamespacedPod({ namespace: ns, name: 'defaults-0' });
+    await waitForPodGone(w.core, ns, 'defaults-0');
   });
 });
 
