@@ -44,7 +44,7 @@ export interface BoundVm {
 export interface InFlightJob {
   readonly uid: string;
   readonly vmId: string;
-  /** Epoch ms after which the job no longer blocks a decision (row 4). */
+  /** Monotonic ms after which the job no longer blocks a decision (row 4). */
   readonly hardDeadline: number;
 }
 
@@ -55,7 +55,7 @@ export interface StepProgress {
   readonly fixupSucceeded?: boolean;
   /** The SAC pass succeeded for this VM ID. */
   readonly sacDone?: boolean;
-  /** When the IP wait started for this VM ID (epoch ms). */
+  /** When the IP wait started for this VM ID (monotonic ms). */
   readonly ipWaitStartedAt?: number;
 }
 
@@ -94,7 +94,7 @@ export interface ReadinessFacts {
   readonly progress: StepProgress | undefined;
   /** Resolved IP (§7.1); `''` when none. */
   readonly ip: string;
-  /** Epoch ms: later of "tracked with a VM bound" and "startup reconcile finished" (§10.1). */
+  /** Monotonic ms: later of "tracked with a VM bound" and "startup reconcile finished" (§10.1). */
   readonly t0: number;
   readonly readyDeadlineSeconds: number;
 }

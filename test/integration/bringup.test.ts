@@ -222,11 +222,22 @@ describe('run mode', () => {
 });
 
 describe('unmanaged and bad input', () => {
-  test('an unmanaged pod adopts its pre-written id/ip without any cocoon call, and delete leaves the VM alone', async () => {
+  test('an unmanaged pod adopts its pre-written id/ip after one read-only inspect, and delete leaves the VM alone', async () => {
+    const out = await w.sim([
+      'vm',
+      'clone',
+      '--output',
+      'json',
+      '--name',
+      'vk-b-static-vm',
+      '--pull',
+      'acme/agent',
+    ]);
+    const id = (JSON.parse(out) as { id: string }).id;
     const before = cliCalls(w).length;
     await create('static-0', {
       'vm.cocoonstack.io/name': 'vk-b-static',
-      'vm.cocoonstack.io/id': 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+      'vm.cocoonstack.io/id': id,
       'vm.cocoonstack.io/ip': '10.1.2.3',
     });
     const p = await waitForPod(w.core, w.namespace, 'static-0', 'ready', (x) => lifecycle(x) === 'ready');
@@ -235,8 +246,16 @@ describe('unmanaged and bad input', () => {
     await waitForPodGone(w.core, w.namespace, 'static-0');
     const mine = cliCalls(w)
       .slice(before)
-      .filter((c) => c.argv.includes('ABCDEFGHIJKLMNOPQRSTUVWXYZ') || c.argv.includes('vk-b-static'));
-    assert.deepEqual(mine, []);
+      .filter(
+        (c) => c.argv.includes(id) || c.argv.includes('vk-b-static') || c.argv.includes('vk-b-static-vm'),
+      )
+      .map((c) => c.argv.join(' '));
+    assert.deepEqual(mine, [`vm inspect ${id}`], 'only the validating inspect: the VM is never touched');
+    const vms = JSON.parse(await w.sim(['vm', 'list', '-o', 'json'])) as { id: string }[];
+    assert.ok(
+      vms.some((v) => v.id === id),
+      'the VM is still there after the delete',
+    );
   });
 
   test('invalid annotations: Warning naming the key, lifecycle failed, no VM', async () => {

@@ -12,7 +12,7 @@ import {
 import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
 import type { Logger } from '../../log.ts';
-import { inspectSnapshot } from '../../registry/pull.ts';
+import { inspectSnapshot, SnapshotPullError } from '../../registry/pull.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
@@ -39,8 +39,27 @@ const SHORT_TIMEOUT_MS = 60_000;
 
 const imagePulls = new Singleflight<void>();
 
+/** A bring-up refused on the pod's input or the node's content (missing snapshot with no
+ * registry, backend mismatch): permanent until the pod changes. */
 export class BringUpError extends Error {
   override name = 'BringUpError';
+}
+
+/** The create command succeeded but its VM did not settle (unreadable record, failed
+ * follow-up inspect): the VM may exist under the pod's name and is looked up by name. */
+export class SettleError extends Error {
+  override name = 'SettleError';
+}
+
+/** Transient create failures (timeouts, crashes, lock contention, a registry that did not
+ * answer) are retried on a backoff schedule; a conclusive answer (not found, name taken,
+ * input refused, manifest absent) is permanent (docs/decisions.md, "Create failures"). */
+export function isTransientCreateError(err: unknown): boolean {
+  if (err instanceof BringUpError) return false;
+  if (err instanceof CocoonCommandError)
+    return err.errorClass === 'inconclusive' || err.errorClass === 'agent_not_up';
+  if (err instanceof SnapshotPullError) return !err.absent;
+  return true;
 }
 
 /** Imports the snapshot's base image when its digest is not present locally (§2.3 step 5). */
@@ -147,13 +166,20 @@ async function removeErrorRecord(ctx: ProviderContext, vmName: string, log: Logg
   }
 }
 
-/** The printed record, re-inspected once when it is not `running` or has pid 0. */
+/** The printed record, re-inspected once when it is not `running` or has pid 0. Any
+ * failure here is a {@link SettleError}: the VM may exist. */
 async function settledRecord(ctx: ProviderContext, stdout: string, vmName: string): Promise<VmRecord> {
   const printed = parseVmRecord(stdout);
   if (!printed.ok)
-    throw new BringUpError(`cocoon printed an unreadable VM record for ${vmName}: ${printed.error}`);
+    throw new SettleError(`cocoon printed an unreadable VM record for ${vmName}: ${printed.error}`);
   if (printed.value.state === 'running' && printed.value.pid !== 0) return printed.value;
-  return (await inspectVm(ctx, printed.value.id)) ?? printed.value;
+  try {
+    return (await inspectVm(ctx, printed.value.id)) ?? printed.value;
+  } catch (err) {
+    throw new SettleError(
+      `VM ${vmName} (${printed.value.id}) did not settle: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  }
 }
 
 /** `vm inspect`; `undefined` only when cocoon says the VM is gone (never on inconclusive errors). */

@@ -27,8 +27,9 @@ import {
 } from '../../lifecycle/intent.ts';
 import { computePodStatus } from '../../lifecycle/status.ts';
 import type { Logger } from '../../log.ts';
-import type { LeaseFile } from '../../net/leases.ts';
+import { type LeaseFile, resolveIp } from '../../net/leases.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
+import { monoNow, wallAt } from '../../util/mono-clock.ts';
 import type { LifecycleMetrics } from './metrics.ts';
 import { applyAnnotations, type PodRecord } from './record.ts';
 
@@ -53,7 +54,7 @@ export interface ProviderContext extends ProviderDeps {
   notify: (pod: V1Pod) => void;
   /** Enqueues a readiness reconcile for the key (never runs it inline). */
   reconcileSoon: (key: string) => void;
-  /** When startup reconcile finished (t0 lower bound, §10.1). */
+  /** When startup reconcile finished (t0 lower bound, §10.1), monotonic ms. */
   startupDoneAt: number;
 }
 
@@ -122,6 +123,17 @@ function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
   });
 }
 
+/** Re-reads the lease file and updates the record's IP (R9: only for the same VM ID). */
+export async function refreshIp(ctx: ProviderContext, rec: PodRecord): Promise<boolean> {
+  if (!rec.vm) return false;
+  const snapshot = await ctx.leases.read();
+  // Lease expiry is wall-clock time written by cocoon-net: compared with wall time.
+  const { ip } = resolveIp(rec.vm, snapshot, Date.now(), rec.ip);
+  if (ip === rec.ip) return false;
+  rec.ip = ip;
+  return true;
+}
+
 /** Computes the pod status from the record (lifecycle.md §5), with an optional staged state. */
 export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: LifecycleState): V1PodStatus {
   const status = computePodStatus({
@@ -146,9 +158,20 @@ export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: Lifec
 /** TS addition: the readiness step and deadline as a pod condition, so operators see what a
  * `creating` pod is waiting for and when it would be failed (issue: expose the deadline). */
 function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: LifecycleState | '') {
-  if (!rec.spec?.managed || !rec.vm) return undefined;
-  const t0 = Math.max(rec.boundAt ?? Date.now(), ctx.startupDoneAt);
-  const deadline = new Date(t0 + ctx.config.readyDeadlineSeconds * 1000).toISOString();
+  if (!rec.spec?.managed) return undefined;
+  const retry = rec.createFailure;
+  if (!rec.vm && retry?.transient && retry.retryAt !== undefined && state !== 'failed') {
+    const giveUp = wallAt(retry.firstAt + ctx.config.readyDeadlineSeconds * 1000).toISOString();
+    return {
+      type: 'vm.cocoonstack.io/Readiness',
+      status: 'False',
+      reason: 'CreateBackoff',
+      message: `step CreateBackoff; attempt ${retry.attempts} failed: ${truncateUtf8(retry.message, 512)}; next retry ${wallAt(retry.retryAt).toISOString()}; gives up at ${giveUp}`,
+    };
+  }
+  if (!rec.vm) return undefined;
+  const t0 = Math.max(rec.boundAt ?? monoNow(), ctx.startupDoneAt);
+  const deadline = wallAt(t0 + ctx.config.readyDeadlineSeconds * 1000).toISOString();
   if (state === 'ready') {
     return {
       type: 'vm.cocoonstack.io/Readiness',
@@ -188,7 +211,19 @@ export function stageLifecycle(
   state: LifecycleState,
   message = '',
 ): boolean {
-  const gen = generationOf(rec.pod);
+  // The generation we publish never goes down: a pod whose generation annotation went down,
+  // vanished or stopped parsing is published at the intent's generation, so no decision can
+  // be refused as stale (R3 guards against stale copies; ours is always the newest).
+  const podGen = generationOf(rec.pod);
+  const held = rec.intent?.uid === rec.uid ? rec.intent.generation : 0n;
+  if (podGen < held && !rec.generationWentDown) {
+    rec.generationWentDown = true;
+    logFor(ctx, rec).warn(
+      { podGeneration: String(podGen), observedGeneration: String(held) },
+      'cocoonset generation went down or stopped parsing; publishing at the observed generation',
+    );
+  }
+  const gen = podGen > held ? podGen : held;
   const res = stage(rec.intent, { uid: rec.uid, state, generation: gen, message }, gen);
   if (!res.accepted) {
     logFor(ctx, rec).debug({ state, reason: res.reason }, 'lifecycle stage refused');
@@ -207,6 +242,16 @@ export function stageLifecycle(
 export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise<PatchOutcome> {
   const intent = rec.intent;
   if (!intent || !isUnflushed(intent)) return 'ok';
+  if (intent.state === 'ready' && rec.clonedBoot && rec.vm) {
+    // A re-flush after a failed status write: the lease may have gone meanwhile. Never
+    // publish ready without an IP: step back to creating (the reconcile waits again).
+    await refreshIp(ctx, rec);
+    if (!rec.ip) {
+      logFor(ctx, rec).warn('the IP went away before ready was published; waiting for a lease again');
+      stageLifecycle(ctx, rec, 'creating');
+      return 'failed';
+    }
+  }
   if (intent.state === 'ready') {
     try {
       await ctx.writeStatus({ ...rec.pod, status: statusOf(ctx, rec, 'ready') });
@@ -260,7 +305,7 @@ export async function failOp(
   warnOnce(ctx, rec, reason, `${op}: ${message}`);
   logFor(ctx, rec).warn({ op, reason, err: message }, 'lifecycle failed');
   if (stageLifecycle(ctx, rec, 'failed', message)) {
-    rec.step = { name: 'Failed', since: Date.now() };
+    rec.step = { name: 'Failed', since: monoNow() };
     await flushIntent(ctx, rec);
   }
   publish(ctx, rec);

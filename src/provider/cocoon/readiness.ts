@@ -38,6 +38,7 @@ import {
   planFixup,
   WINDOWS_RENEW_ARGV,
 } from '../../postclone/plan.ts';
+import { monoNow } from '../../util/mono-clock.ts';
 import type { Backend } from '../../vmspec/types.ts';
 import {
   failOp,
@@ -47,6 +48,7 @@ import {
   type ProviderContext,
   patchAnnotations,
   publish,
+  refreshIp,
   stageLifecycle,
   warnOnce,
 } from './context.ts';
@@ -74,17 +76,7 @@ function backendOf(rec: PodRecord): Backend {
 
 /** t0 of §10.1: the later of "VM bound in this process" and "startup reconcile finished". */
 function t0Of(ctx: ProviderContext, rec: PodRecord): number {
-  return Math.max(rec.boundAt ?? Date.now(), ctx.startupDoneAt);
-}
-
-/** Re-reads the lease file and updates the record's IP (R9: only for the same VM ID). */
-export async function refreshIp(ctx: ProviderContext, rec: PodRecord): Promise<boolean> {
-  if (!rec.vm) return false;
-  const snapshot = await ctx.leases.read();
-  const { ip } = resolveIp(rec.vm, snapshot, Date.now(), rec.ip);
-  if (ip === rec.ip) return false;
-  rec.ip = ip;
-  return true;
+  return Math.max(rec.boundAt ?? monoNow(), ctx.startupDoneAt);
 }
 
 export function readinessFacts(ctx: ProviderContext, rec: PodRecord): ReadinessFacts {
@@ -136,7 +128,7 @@ const STEP_NAMES: Record<OwedStep['kind'], string> = {
 
 function setStep(ctx: ProviderContext, rec: PodRecord, name: string): void {
   if (rec.step?.name === name) return;
-  rec.step = { name, since: Date.now() };
+  rec.step = { name, since: monoNow() };
   publish(ctx, rec);
 }
 
@@ -151,7 +143,7 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
     await patchAnnotations(ctx, rec, { [VM_IP]: rec.ip || null });
     publish(ctx, rec);
   }
-  const now = Date.now();
+  const now = monoNow();
   const step = deriveOwedStep(readinessFacts(ctx, rec), now);
   ctx.metrics.readinessReconcile(step.kind);
   if (step.kind !== 'none') logFor(ctx, rec).debug({ step: step.kind, row: step.row }, 'readiness step');
@@ -228,7 +220,7 @@ async function publishReady(ctx: ProviderContext, rec: PodRecord, vmId: string):
     return;
   }
   applyAnnotations(rec, { [VM_IP]: rec.ip || null });
-  rec.step = { name: 'Ready', since: Date.now() };
+  rec.step = { name: 'Ready', since: monoNow() };
   if (rec.clonedBoot && rec.progress?.ipWaitStartedAt !== undefined) {
     ctx.metrics.ipWait(rec.pod.metadata?.namespace ?? '', 'ok');
   }
@@ -252,7 +244,7 @@ function startJob(
   const vmId = rec.vm?.id;
   if (!vmId || rec.job) return;
   const abort = new AbortController();
-  const startedAt = Date.now();
+  const startedAt = monoNow();
   const job: Job = {
     uid: rec.uid,
     vmId,
@@ -297,7 +289,9 @@ function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
   });
 }
 
-/** Runs `fn` in the pod queue only if the job still owns the pod's VM (R9). */
+/** Runs `fn` in the pod queue only if the job still owns the pod's VM (R9) and is still the
+ * pod's registered job: a superseded job (aborted at its hard deadline, its successor
+ * started) never writes a marker after its successor did. */
 async function ifStillOwner(
   ctx: ProviderContext,
   rec: PodRecord,
@@ -305,7 +299,13 @@ async function ifStillOwner(
   fn: () => Promise<void> | void,
 ): Promise<boolean> {
   return await ctx.queue.run(rec.key, async () => {
-    if (!isCurrent(ctx, rec) || rec.uid !== job.uid || rec.vm?.id !== job.vmId || rec.spec?.hibernate)
+    if (
+      !isCurrent(ctx, rec) ||
+      rec.job !== job ||
+      rec.uid !== job.uid ||
+      rec.vm?.id !== job.vmId ||
+      rec.spec?.hibernate
+    )
       return false;
     await fn();
     return true;
@@ -348,7 +348,7 @@ async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise
     attempts = 1;
   } else {
     while (!signal.aborted) {
-      const remaining = budgetEnd - Date.now();
+      const remaining = budgetEnd - monoNow();
       if (remaining <= 0) break;
       attempts++;
       try {
@@ -386,7 +386,7 @@ async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise
             truncateUtf8(entry, EVENT_MESSAGE_MAX_BYTES),
           );
         });
-        await abortableSleep(Math.min(FIXUP_RETRY_DELAY_MS, Math.max(0, budgetEnd - Date.now())), signal);
+        await abortableSleep(Math.min(FIXUP_RETRY_DELAY_MS, Math.max(0, budgetEnd - monoNow())), signal);
       }
     }
     if (signal.aborted) return;
@@ -420,15 +420,15 @@ async function runIpWait(
 ): Promise<void> {
   const signal = jobSignal(ctx, job);
   const log = logFor(ctx, rec).child({ job: 'ipwait' });
-  while (!signal.aborted && Date.now() <= deadline + 50) {
+  while (!signal.aborted && monoNow() <= deadline + 50) {
     const vm = rec.vm;
     if (!vm || vm.id !== job.vmId || !isCurrent(ctx, rec)) return; // R9: no decision
     const snapshot = await ctx.leases.read();
     if (resolveIp(vm, snapshot, Date.now(), rec.ip).ip !== '') return;
     const progress = rec.progress?.vmId === job.vmId ? rec.progress : undefined;
-    if (renewNudgeAt !== undefined && progress && !progress.renewNudgeSent && Date.now() >= renewNudgeAt) {
+    if (renewNudgeAt !== undefined && progress && !progress.renewNudgeSent && monoNow() >= renewNudgeAt) {
       progress.renewNudgeSent = true;
-      const timeoutMs = Math.max(1, Math.min(NUDGE_TIMEOUT_MS, deadline - Date.now()));
+      const timeoutMs = Math.max(1, Math.min(NUDGE_TIMEOUT_MS, deadline - monoNow()));
       try {
         await ctx.cli.run(execArgv({ vmId: job.vmId, command: WINDOWS_RENEW_ARGV }), { timeoutMs, signal });
         ctx.metrics.renewNudge('ok');
@@ -446,7 +446,7 @@ async function runIpWait(
 /** Marks a VM as bound for readiness purposes (t0) and resets progress for a new VM ID. */
 export function bindForReadiness(rec: PodRecord): void {
   if (!rec.vm) return;
-  rec.boundAt = Date.now();
+  rec.boundAt = monoNow();
   progressFor(rec, rec.vm.id);
 }
 
@@ -455,4 +455,4 @@ export function supersedeJobs(rec: PodRecord, why: string): void {
   abortJob(rec, why);
 }
 
-export { warnOnce };
+export { refreshIp, warnOnce };

@@ -6,9 +6,11 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';
 import {
+  GENERATION,
   LIFECYCLE_OBSERVED_GENERATION,
   LIFECYCLE_STATE,
   LIFECYCLE_STATE_MESSAGE,
+  MANAGED,
   POST_CLONE_ERRORS,
   POST_CLONE_HINT,
   POST_CLONE_STATE,
@@ -75,6 +77,31 @@ export interface PodRecord {
   lastWriteRV: string | undefined;
   /** Current readiness step, shown in the pod's readiness condition. */
   step: { name: string; since: number } | undefined;
+  /** The bound VM is ours to remove on delete: latched when a managed pod binds it, so
+   * turning `managed` off on a live pod does not leak the VM (docs/decisions.md). */
+  ownsVm: boolean;
+  /** A bring-up for this record is queued or running: it claims the VM name. */
+  bringingUp: boolean;
+  /** The last create attempt failed and no VM is bound (docs/decisions.md, create failures). */
+  createFailure: CreateFailure | undefined;
+  /** The pod's generation went below the published one (logged once). */
+  generationWentDown: boolean;
+}
+
+/** Why and when the last create failed; decides whether and when it is retried. */
+export interface CreateFailure {
+  /** {@link createInputsKey} of the pod the failed attempt ran for. */
+  inputsKey: string;
+  /** Effective generation of the failed attempt. */
+  generation: bigint;
+  /** Transient failures are retried on a backoff schedule; permanent ones wait for a change. */
+  transient: boolean;
+  attempts: number;
+  /** Monotonic ms of the first failure of this streak (transient give-up bound). */
+  firstAt: number;
+  /** Monotonic ms of the next automatic retry (transient only). */
+  retryAt: number | undefined;
+  message: string;
 }
 
 export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
@@ -99,6 +126,10 @@ export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): Po
     termination: undefined,
     lastWriteRV: undefined,
     step: undefined,
+    ownsVm: false,
+    bringingUp: false,
+    createFailure: undefined,
+    generationWentDown: false,
   };
 }
 
@@ -116,6 +147,37 @@ export function progressFor(rec: PodRecord, vmId: string): Progress {
     };
   }
   return rec.progress;
+}
+
+/** Annotation keys the provider writes; never part of a pod's create inputs. */
+export const PROVIDER_OWNED_KEYS: readonly string[] = [
+  LIFECYCLE_STATE,
+  LIFECYCLE_OBSERVED_GENERATION,
+  LIFECYCLE_STATE_MESSAGE,
+  VM_ID,
+  VM_IP,
+  POST_CLONE_STATE,
+  POST_CLONE_HINT,
+  POST_CLONE_ERRORS,
+];
+
+/** What a create attempt reads from the pod: every annotation but the provider-owned ones
+ * and the generation (a bump re-runs a create on its own, a drop does not), the owner
+ * references and the containers (resources). Our own writes and status-only updates never
+ * change it, so they never re-run a failed create. An unmanaged pod's `id`/`ip` are inputs
+ * written by its operator. */
+export function createInputsKey(pod: V1Pod): string {
+  const ann = { ...(pod.metadata?.annotations ?? {}) };
+  const managed = ann[MANAGED] === 'true';
+  for (const k of PROVIDER_OWNED_KEYS) {
+    if (managed || (k !== VM_ID && k !== VM_IP)) delete ann[k];
+  }
+  delete ann[GENERATION];
+  return JSON.stringify([
+    Object.entries(ann).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)),
+    (pod.metadata?.ownerReferences ?? []).map((o) => [o.kind, o.name, o.uid, o.controller ?? false]),
+    (pod.spec?.containers ?? []).map((c) => [c.name, c.image ?? '', c.resources ?? {}]),
+  ]);
 }
 
 export function annotationsOf(rec: PodRecord): Record<string, string> {

@@ -1,0 +1,16 @@
+// The clock of every deadline and budget in the daemon (docs/decisions.md, "Bounded
+// waiting"): monotonic milliseconds, so a wall-clock step (NTP, an operator's `date -s`)
+// can neither stretch nor cut short the IP wait, the fixup budget or the ready deadline.
+// Wall time is used only where it is shown to people or compared with other processes'
+// timestamps (lease expiry, RFC 3339 deadlines in a pod condition).
+
+/** Monotonic whole milliseconds since process start (integers: timers and
+ * `AbortSignal.timeout` reject fractional delays). */
+export function monoNow(): number {
+  return Math.floor(performance.now());
+}
+
+/** The wall-clock time at which the monotonic instant `mono` happens (for display). */
+export function wallAt(mono: number): Date {
+  return new Date(Date.now() + (mono - monoNow()));
+}
