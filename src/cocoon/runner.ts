@@ -30,10 +30,19 @@ export class CocoonCommandError extends Error {
 }
 
 export interface CliCallOptions {
+  /** Deadline of the whole call, counted from the call: time queued for a slot included. */
   timeoutMs: number;
-  /** Caller-side abort (never a request signal for background work). */
+  /** Caller-side abort (never a request signal for background work); also ends a wait for a slot. */
   signal?: AbortSignal;
   stdin?: Buffer | Readable;
+  /** `high` calls get a free slot before waiting `normal` ones (default `normal`): calls of
+   * pods further along (inspect of a cloned VM, fixup exec) over new clones. */
+  priority?: CliPriority;
+}
+
+export interface CocoonCliOptions {
+  /** Concurrent non-streaming calls (default MAX_CONCURRENT_CLI_CALLS). */
+  maxConcurrent?: number;
 }
 
 export interface CliResult {
@@ -55,23 +64,52 @@ export function killGroup(child: ChildProcess): void {
   }
 }
 
+export type CliPriority = 'high' | 'normal';
+
 /** Bounds concurrent cocoon invocations: a burst of pods must not fork hundreds of
  * cocoon processes at once on a host that also runs the VMs. Streaming children (exec,
- * logs, events) are not counted: they live as long as their clients. */
-class Semaphore {
+ * logs, events) are not counted: they live as long as their clients. Waiters leave the
+ * queue the moment their signal fires (deadline, abort, shutdown); `high` waiters are
+ * served before `normal` ones, FIFO within a priority. */
+export class Semaphore {
   #free: number;
-  #waiters: (() => void)[] = [];
+  readonly #high: (() => void)[] = [];
+  readonly #normal: (() => void)[] = [];
   constructor(n: number) {
     this.#free = n;
   }
-  async acquire(): Promise<() => void> {
+
+  /** Calls waiting for a slot. */
+  get waiting(): number {
+    return this.#high.length + this.#normal.length;
+  }
+
+  /** Resolves with the release function once a slot is free; rejects with the signal's
+   * reason if it fires first (the waiter is removed at once). */
+  async acquire(signal?: AbortSignal, priority: CliPriority = 'normal'): Promise<() => void> {
+    if (signal?.aborted) throw signal.reason;
     if (this.#free > 0) this.#free--;
-    else await new Promise<void>((r) => this.#waiters.push(r));
+    else {
+      const queue = priority === 'high' ? this.#high : this.#normal;
+      await new Promise<void>((resolve, reject) => {
+        const grant = () => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve();
+        };
+        const onAbort = () => {
+          const i = queue.indexOf(grant);
+          if (i >= 0) queue.splice(i, 1);
+          reject(signal?.reason);
+        };
+        signal?.addEventListener('abort', onAbort, { once: true });
+        queue.push(grant);
+      });
+    }
     let released = false;
     return () => {
       if (released) return;
       released = true;
-      const next = this.#waiters.shift();
+      const next = this.#high.shift() ?? this.#normal.shift();
       if (next) next();
       else this.#free++;
     };
@@ -82,13 +120,14 @@ export const MAX_CONCURRENT_CLI_CALLS = 24;
 
 export class CocoonCli {
   readonly bin: string;
-  readonly #slots = new Semaphore(MAX_CONCURRENT_CLI_CALLS);
+  readonly #slots: Semaphore;
   readonly #lifetime: AbortSignal;
   readonly #log: Logger;
   readonly #children = new Set<ChildProcess>();
 
-  constructor(bin: string, lifetime: AbortSignal, log: Logger) {
+  constructor(bin: string, lifetime: AbortSignal, log: Logger, opts: CocoonCliOptions = {}) {
     this.bin = bin;
+    this.#slots = new Semaphore(opts.maxConcurrent ?? MAX_CONCURRENT_CLI_CALLS);
     this.#lifetime = lifetime;
     this.#log = log.child({ module: 'cocoon-cli' });
     lifetime.addEventListener('abort', () => {
@@ -117,21 +156,48 @@ export class CocoonCli {
     return child;
   }
 
-  /** Runs a verb to completion; rejects with CocoonCommandError on any failure. */
+  /** Calls waiting for a free slot. */
+  get waiting(): number {
+    return this.#slots.waiting;
+  }
+
+  /** Runs a verb to completion; rejects with CocoonCommandError on any failure. The
+   * deadline counts from this call, including the wait for a slot; a deadline, abort or
+   * shutdown while waiting rejects at once without starting the child. */
   async run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
-    const release = await this.#slots.acquire();
+    const started = performance.now();
+    const deadline = AbortSignal.timeout(opts.timeoutMs);
+    const signal = AbortSignal.any([deadline, this.#lifetime, ...(opts.signal ? [opts.signal] : [])]);
+    let release: () => void;
     try {
-      return await this.#run(argv, opts);
+      release = await this.#slots.acquire(signal, opts.priority);
+    } catch {
+      const verb = `cocoon ${argv.slice(0, 2).join(' ')}`;
+      const waited = Math.round(performance.now() - started);
+      const why = deadline.aborted
+        ? `deadline of ${opts.timeoutMs} ms exceeded`
+        : this.#lifetime.aborted
+          ? 'provider shutting down'
+          : 'aborted';
+      const message = `${verb}: ${why} (waited ${waited} ms for a free slot)`;
+      this.#log.debug({ argv, ms: waited, err: message }, 'cocoon call not started');
+      throw new CocoonCommandError(argv, message, '', null);
+    }
+    try {
+      return await this.#run(argv, opts, deadline, signal, started);
     } finally {
       release();
     }
   }
 
-  async #run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
+  async #run(
+    argv: readonly string[],
+    opts: CliCallOptions,
+    deadline: AbortSignal,
+    signal: AbortSignal,
+    started: number,
+  ): Promise<CliResult> {
     const json = isJsonVerb(argv);
-    const started = performance.now();
-    const deadline = AbortSignal.timeout(opts.timeoutMs);
-    const signal = opts.signal ? AbortSignal.any([deadline, opts.signal]) : deadline;
     const child = this.spawn(argv, { signal, stdin: opts.stdin !== undefined });
     const out: Buffer[] = [];
     const err: Buffer[] = [];

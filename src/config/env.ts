@@ -49,6 +49,9 @@ export interface Config {
   streamIdleTimeoutSeconds: number;
   kubeQps: number;
   kubeBurst: number;
+  /** Event write budget, separate from kubeQps/kubeBurst (events never delay pod writes). */
+  kubeEventQps: number;
+  kubeEventBurst: number;
   snapshotTransferConcurrency: number;
   snapshotMemoryBudgetMiB: number;
   snapshotPullBudgetMiB: number;
@@ -179,8 +182,18 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     meaning: 'declare ExtendWebSocketsToKubelet (false: apiservers translate exec to SPDY)',
   },
   { name: 'VK_STREAM_IDLE_TIMEOUT_SECONDS', default: '14400', meaning: 'exec/log stream idle timeout' },
-  { name: 'VK_KUBE_QPS', default: '20', meaning: 'client-side API write rate limit (requests/s)' },
-  { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side API write burst' },
+  {
+    name: 'VK_KUBE_QPS',
+    default: '20',
+    meaning: 'client-side rate limit of pod writes: lifecycle, status, deletes (requests/s)',
+  },
+  { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side pod write burst' },
+  {
+    name: 'VK_KUBE_EVENT_QPS',
+    default: '10',
+    meaning: 'client-side rate limit of event writes (requests/s), a budget apart from VK_KUBE_QPS',
+  },
+  { name: 'VK_KUBE_EVENT_BURST', default: '20', meaning: 'client-side event write burst' },
   { name: 'SNAPSHOT_TRANSFER_CONCURRENCY', default: '8', meaning: 'parallel registry blob transfers' },
   { name: 'SNAPSHOT_MEMORY_BUDGET_MIB', default: '9216', meaning: 'push buffering cap' },
   { name: 'SNAPSHOT_PULL_BUDGET_MIB', default: '2048', meaning: 'pull buffering cap' },
@@ -319,6 +332,12 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
   const kubeBurst = int('VK_KUBE_BURST', 40, 1, 10_000);
   if (kubeBurst < kubeQps)
     problems.push(`VK_KUBE_BURST=${kubeBurst}: expected at least VK_KUBE_QPS (${kubeQps})`);
+  const kubeEventQps = int('VK_KUBE_EVENT_QPS', 10, 1, 10_000);
+  const kubeEventBurst = int('VK_KUBE_EVENT_BURST', 20, 1, 10_000);
+  if (kubeEventBurst < kubeEventQps)
+    problems.push(
+      `VK_KUBE_EVENT_BURST=${kubeEventBurst}: expected at least VK_KUBE_EVENT_QPS (${kubeEventQps})`,
+    );
 
   const config: Config = {
     kubeconfig: optional('KUBECONFIG'),
@@ -356,6 +375,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     streamIdleTimeoutSeconds: int('VK_STREAM_IDLE_TIMEOUT_SECONDS', 14_400, 1, 604_800),
     kubeQps,
     kubeBurst,
+    kubeEventQps,
+    kubeEventBurst,
     snapshotTransferConcurrency: int('SNAPSHOT_TRANSFER_CONCURRENCY', 8, 1, 256),
     snapshotMemoryBudgetMiB: int('SNAPSHOT_MEMORY_BUDGET_MIB', 9216, 64, 1_048_576),
     snapshotPullBudgetMiB: int('SNAPSHOT_PULL_BUDGET_MIB', 2048, 64, 1_048_576),

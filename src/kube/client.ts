@@ -1,17 +1,25 @@
-// Kubernetes API access on @kubernetes/client-node, with the client-side write rate limit
-// of virtual-node.md §4.2 (a token bucket shared by all writes; the Go client's 5 QPS
-// default throttled large nodes) and small helpers for the patch content types.
+// Kubernetes API access on @kubernetes/client-node, with the client-side write rate limits
+// of virtual-node.md §4.2 (token buckets; the Go client's 5 QPS default throttled large
+// nodes): pod writes, node heartbeats and events each have their own budget, every wait
+// for a token is bounded, and a write can carry a per-request timeout that aborts the HTTP
+// request. Also small helpers for the patch content types and request signals.
 import { readFileSync } from 'node:fs';
 import {
   ApiException,
   AuthenticationV1Api,
   AuthorizationV1Api,
+  type ConfigurationOptions,
   CoordinationV1Api,
   CoreV1Api,
   KubeConfig,
+  Observable,
+  type ObservableMiddleware,
   PatchStrategy,
+  type RequestContext,
+  type ResponseContext,
   setHeaderOptions,
 } from '@kubernetes/client-node';
+import { delay, withDeadline } from '../util/deadline.ts';
 
 export function loadKubeConfig(kubeconfigPath: string | undefined): KubeConfig {
   const kc = new KubeConfig();
@@ -21,11 +29,42 @@ export function loadKubeConfig(kubeconfigPath: string | undefined): KubeConfig {
   return kc;
 }
 
-/** Token bucket: `take()` resolves when a token is available. */
+export type WritePriority = 'high' | 'normal';
+
+export interface TakeOptions {
+  /** Longest wait for a token; the take rejects with WriteWaitError beyond it (none: unbounded). */
+  maxWaitMs?: number;
+  /** Aborts the wait (rejects with WriteWaitError, reason `aborted`). */
+  signal?: AbortSignal;
+  /** `high` waiters are served before every `normal` waiter (FIFO within a priority). */
+  priority?: WritePriority;
+}
+
+/** A write that did not get a rate-limit token within its bound, or whose wait was aborted. */
+export class WriteWaitError extends Error {
+  override name = 'WriteWaitError';
+  readonly reason: 'bound' | 'aborted';
+  constructor(message: string, reason: 'bound' | 'aborted', cause?: unknown) {
+    super(message, cause === undefined ? undefined : { cause });
+    this.reason = reason;
+  }
+}
+
+interface Waiter {
+  high: boolean;
+  resolve: () => void;
+  reject: (err: Error) => void;
+  cleanup: () => void;
+}
+
+/** Token bucket: `take()` resolves when a token is available. Time is monotonic
+ * (performance.now), so a wall-clock step never stretches or shortens a wait. */
 export class TokenBucket {
   #tokens: number;
   #last = performance.now();
-  #waiters: (() => void)[] = [];
+  /** High-priority waiters first, then normal ones; FIFO within each. */
+  #waiters: Waiter[] = [];
+  #high = 0;
   #timer: NodeJS.Timeout | undefined;
   readonly qps: number;
   readonly burst: number;
@@ -42,16 +81,99 @@ export class TokenBucket {
     this.#last = now;
   }
 
-  take(): Promise<void> {
+  /** Waiters queued for a token. */
+  get waiting(): number {
+    return this.#waiters.length;
+  }
+
+  /** Estimated wait (ms) of a new taker of this priority behind the current waiters. */
+  estimateWaitMs(priority: WritePriority = 'normal'): number {
     this.#refill();
-    if (this.#waiters.length === 0 && this.#tokens >= 1) {
+    const ahead = priority === 'high' ? this.#high : this.#waiters.length;
+    return (Math.max(0, ahead + 1 - this.#tokens) / this.qps) * 1000;
+  }
+
+  take(opts: TakeOptions = {}): Promise<void> {
+    this.#refill();
+    const high = opts.priority === 'high';
+    const ahead = high ? this.#high : this.#waiters.length;
+    if (ahead === 0 && this.#tokens >= 1) {
       this.#tokens -= 1;
       return Promise.resolve();
     }
-    return new Promise((resolve) => {
-      this.#waiters.push(resolve);
+    if (opts.signal?.aborted) {
+      return Promise.reject(
+        new WriteWaitError(
+          'API write aborted while waiting for the rate limiter',
+          'aborted',
+          opts.signal.reason,
+        ),
+      );
+    }
+    const { maxWaitMs, signal } = opts;
+    if (maxWaitMs !== undefined) {
+      // Fail fast when the queue ahead already needs longer than the bound.
+      const estimate = this.estimateWaitMs(opts.priority);
+      if (estimate > maxWaitMs) {
+        return Promise.reject(
+          new WriteWaitError(
+            `API write not sent: the client-side rate limit (${this.qps}/s) would hold it ~${Math.round(estimate)} ms, ` +
+              `beyond its bound of ${maxWaitMs} ms (${this.#waiters.length} writes queued)`,
+            'bound',
+          ),
+        );
+      }
+    }
+    return new Promise((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
+      const onAbort = () => {
+        this.#remove(waiter);
+        reject(
+          new WriteWaitError(
+            'API write aborted while waiting for the rate limiter',
+            'aborted',
+            signal?.reason,
+          ),
+        );
+      };
+      const waiter: Waiter = {
+        high,
+        resolve,
+        reject,
+        cleanup: () => {
+          clearTimeout(timer);
+          signal?.removeEventListener('abort', onAbort);
+        },
+      };
+      if (maxWaitMs !== undefined && Number.isFinite(maxWaitMs)) {
+        // Backstop: higher-priority takers may overtake a normal waiter after the estimate.
+        timer = setTimeout(() => {
+          this.#remove(waiter);
+          reject(
+            new WriteWaitError(
+              `API write not sent: no client-side rate-limit token within its bound of ${maxWaitMs} ms`,
+              'bound',
+            ),
+          );
+        }, maxWaitMs);
+      }
+      signal?.addEventListener('abort', onAbort, { once: true });
+      if (high) {
+        this.#waiters.splice(this.#high, 0, waiter);
+        this.#high++;
+      } else {
+        this.#waiters.push(waiter);
+      }
       this.#schedule();
     });
+  }
+
+  #remove(w: Waiter): void {
+    const i = this.#waiters.indexOf(w);
+    if (i < 0) return;
+    this.#waiters.splice(i, 1);
+    if (w.high) this.#high--;
+    w.cleanup();
   }
 
   #schedule(): void {
@@ -63,16 +185,21 @@ export class TokenBucket {
       this.#refill();
       while (this.#waiters.length > 0 && this.#tokens >= 1) {
         this.#tokens -= 1;
-        this.#waiters.shift()?.();
+        const w = this.#waiters.shift() as Waiter;
+        if (w.high) this.#high--;
+        w.cleanup();
+        w.resolve();
       }
       if (this.#waiters.length > 0) this.#schedule();
     }, wait);
   }
 }
 
-/** HTTP status of an API error, or 0 for transport errors. */
+/** HTTP status of an API error, or 0 for transport errors (and timeouts, aborts). */
 export function apiStatus(err: unknown): number {
   if (err instanceof ApiException) return err.code;
+  // DOMException (AbortError, TimeoutError) carries a legacy numeric `code` that is no HTTP status.
+  if (err instanceof DOMException) return 0;
   const code = (err as { code?: unknown; statusCode?: unknown } | null)?.code;
   if (typeof code === 'number') return code;
   const sc = (err as { statusCode?: unknown } | null)?.statusCode;
@@ -92,41 +219,166 @@ export function apiErrorMessage(err: unknown): string {
 export const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
 export const strategicMergePatch = setHeaderOptions('Content-Type', PatchStrategy.StrategicMergePatch);
 
-/** API clients of the provider identity plus the shared write limiter. */
+export interface WriteOptions extends TakeOptions {
+  /** Per-request bound, counted after the token: the request's AbortSignal fires and the
+   * write rejects with DeadlineError (`API request timed out after <n> ms`). */
+  timeoutMs?: number;
+}
+
+/** Bound of a pod write's wait for a token unless the caller passes `maxWaitMs`: far above
+ * any queue a node makes (200 clones at once queue ~70 s of writes at 20 QPS), so only a
+ * runaway queue hits it, and no write waits without a bound. */
+export const DEFAULT_WRITE_MAX_WAIT_MS = 180_000;
+/** Bound of a heartbeat write's wait (its own 5 QPS bucket; the Lease renews every 10 s). */
+export const DEFAULT_HEARTBEAT_MAX_WAIT_MS = 10_000;
+/** Kubelet's event recorder budget (eventRecordQPS/eventBurst are 50/100 beside a 50 QPS API
+ * budget); here events get half the default pod-write budget. */
+export const DEFAULT_EVENT_QPS = 10;
+export const DEFAULT_EVENT_BURST = 20;
+
+export interface KubeOptions {
+  /** Event write budget, separate from pod writes (VK_KUBE_EVENT_QPS / VK_KUBE_EVENT_BURST). */
+  eventQps?: number;
+  eventBurst?: number;
+}
+
+export interface RetryWriteOptions extends WriteOptions {
+  /** Attempts in all (default 3). */
+  attempts?: number;
+  /** Pause between attempts (default 500 ms). */
+  retryDelayMs?: number;
+}
+
+/** The pod-write retry policy of lifecycle and status writes: 3 attempts, 500 ms apart,
+ * 5 s per request. */
+export const POD_WRITE_ATTEMPTS = 3;
+export const POD_WRITE_RETRY_DELAY_MS = 500;
+export const POD_WRITE_TIMEOUT_MS = 5000;
+
+/** Every attempt of a retried write failed; `code` is the last attempt's HTTP status (0 for
+ * a timeout or transport error), so `apiStatus` still reports it. */
+export class WriteAttemptsError extends Error {
+  override name = 'WriteAttemptsError';
+  readonly attempts: number;
+  readonly code: number;
+  constructor(attempts: number, last: unknown) {
+    super(`${apiErrorMessage(last)} (${attempts} attempts)`, { cause: last });
+    this.attempts = attempts;
+    this.code = apiStatus(last);
+  }
+}
+
+/** 404 (gone), 409 and 422 (another incarnation, a UID precondition): retrying cannot help. */
+export function isFinalWriteError(err: unknown): boolean {
+  const code = apiStatus(err);
+  return code === 404 || code === 409 || code === 422;
+}
+
+/** ConfigurationOptions for one client-node call that also carry `signal` into the HTTP
+ * request (client-node 2.x hands RequestContext's signal to fetch), e.g.
+ * `core.patchNamespacedPod(params, withSignal(signal, mergePatch))`. */
+export function withSignal(
+  signal: AbortSignal | undefined,
+  base?: ConfigurationOptions,
+): ConfigurationOptions | undefined {
+  if (!signal) return base;
+  const mw: ObservableMiddleware = {
+    pre: (ctx: RequestContext) => {
+      ctx.setSignal(signal);
+      return new Observable(Promise.resolve(ctx));
+    },
+    post: (res: ResponseContext) => new Observable(Promise.resolve(res)),
+  };
+  return { ...base, middleware: [...(base?.middleware ?? []), mw], middlewareMergeStrategy: 'append' };
+}
+
+/** API clients of the provider identity plus the write limiters: pod writes (lifecycle,
+ * status, deletes), node heartbeats and events each have their own token bucket, so a
+ * flood of Warning events never delays a lifecycle or status write. */
 export class Kube {
   readonly kc: KubeConfig;
   readonly core: CoreV1Api;
   readonly coordination: CoordinationV1Api;
   readonly authn: AuthenticationV1Api;
   readonly authz: AuthorizationV1Api;
+  /** Pod writes: lifecycle annotations, status, deletes. */
   readonly writes: TokenBucket;
+  /** Node heartbeat writes (Lease, node status): a burst of pod writes can never starve the
+   * heartbeat and turn the node NotReady. */
+  readonly heartbeatWrites = new TokenBucket(5, 10);
+  /** Event writes (EventRecorder), never taken from the pod-write budget. */
+  readonly eventWrites: TokenBucket;
   /** Called once per API write (metrics: cocoon_vk_api_writes_total). */
   onWrite: () => void = () => {};
 
-  constructor(kc: KubeConfig, qps: number, burst: number) {
+  constructor(kc: KubeConfig, qps: number, burst: number, opts: KubeOptions = {}) {
     this.kc = kc;
     this.core = kc.makeApiClient(CoreV1Api);
     this.coordination = kc.makeApiClient(CoordinationV1Api);
     this.authn = kc.makeApiClient(AuthenticationV1Api);
     this.authz = kc.makeApiClient(AuthorizationV1Api);
     this.writes = new TokenBucket(qps, burst);
+    this.eventWrites = new TokenBucket(
+      opts.eventQps ?? DEFAULT_EVENT_QPS,
+      opts.eventBurst ?? DEFAULT_EVENT_BURST,
+    );
   }
 
-  /** Runs one API write after taking a token from the shared bucket. */
-  async write<T>(fn: () => Promise<T>): Promise<T> {
-    await this.writes.take();
-    this.onWrite();
-    return await fn();
+  /** Runs one pod write after taking a token from the pod-write bucket. The wait for the
+   * token is bounded (`maxWaitMs`, default DEFAULT_WRITE_MAX_WAIT_MS; WriteWaitError beyond
+   * it); `timeoutMs` bounds the request itself. `fn` receives the request's signal: pass it
+   * on with `withSignal(signal, ...)` so a timeout cancels the HTTP request. */
+  write<T>(fn: (signal?: AbortSignal) => Promise<T>, opts: WriteOptions = {}): Promise<T> {
+    return this.#limited(this.writes, fn, {
+      ...opts,
+      maxWaitMs: opts.maxWaitMs ?? DEFAULT_WRITE_MAX_WAIT_MS,
+    });
   }
 
-  /** Node heartbeat writes (Lease, node status) use their own small bucket, so a burst of
-   * pod writes can never starve the heartbeat and turn the node NotReady. */
-  readonly heartbeatWrites = new TokenBucket(5, 10);
+  /** Like `write`, on the heartbeat bucket. */
+  heartbeatWrite<T>(fn: (signal?: AbortSignal) => Promise<T>, opts: WriteOptions = {}): Promise<T> {
+    return this.#limited(this.heartbeatWrites, fn, {
+      ...opts,
+      maxWaitMs: opts.maxWaitMs ?? DEFAULT_HEARTBEAT_MAX_WAIT_MS,
+    });
+  }
 
-  async heartbeatWrite<T>(fn: () => Promise<T>): Promise<T> {
-    await this.heartbeatWrites.take();
+  /** Runs an API request under `timeoutMs`/`signal` without taking a token (the caller took
+   * one itself, e.g. the event recorder's pump); counts as one write. */
+  send<T>(fn: (signal?: AbortSignal) => Promise<T>, opts: { timeoutMs?: number; signal?: AbortSignal } = {}) {
     this.onWrite();
-    return await fn();
+    return withDeadline(fn, { ...opts, what: 'API request' });
+  }
+
+  /** A pod write with the retry policy of lifecycle and status writes: up to `attempts`
+   * (3), `retryDelayMs` (500 ms) apart, each bounded by `timeoutMs` (5 s) and by the token
+   * wait bound. 404/409/422 are rethrown at once; after the last attempt it rejects with
+   * WriteAttemptsError. A black-holed connection therefore holds the caller for at most
+   * attempts × (token wait + timeoutMs) + the pauses. */
+  async writeRetrying<T>(fn: (signal?: AbortSignal) => Promise<T>, opts: RetryWriteOptions = {}): Promise<T> {
+    const attempts = Math.max(1, opts.attempts ?? POD_WRITE_ATTEMPTS);
+    const retryDelayMs = opts.retryDelayMs ?? POD_WRITE_RETRY_DELAY_MS;
+    const writeOpts: WriteOptions = { ...opts, timeoutMs: opts.timeoutMs ?? POD_WRITE_TIMEOUT_MS };
+    let last: unknown;
+    for (let attempt = 1; attempt <= attempts; attempt++) {
+      try {
+        return await this.write(fn, writeOpts);
+      } catch (err) {
+        if (isFinalWriteError(err) || opts.signal?.aborted) throw err;
+        last = err;
+        if (attempt < attempts) await delay(retryDelayMs);
+      }
+    }
+    throw new WriteAttemptsError(attempts, last);
+  }
+
+  async #limited<T>(
+    bucket: TokenBucket,
+    fn: (signal?: AbortSignal) => Promise<T>,
+    opts: WriteOptions,
+  ): Promise<T> {
+    await bucket.take(opts);
+    return await this.send(fn, opts);
   }
 
   /** PEM bundle of the cluster CA from the kubeconfig (the default client CA). */

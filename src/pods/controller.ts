@@ -12,7 +12,15 @@ import {
   type V1Secret,
   Watch,
 } from '@kubernetes/client-node';
-import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
+import {
+  apiErrorMessage,
+  apiStatus,
+  type Kube,
+  POD_WRITE_TIMEOUT_MS,
+  strategicMergePatch,
+  type WriteOptions,
+  withSignal,
+} from '../kube/client.ts';
 import type { EventSink } from '../kube/events.ts';
 import type { Logger } from '../log.ts';
 import { NotFoundError, type PodProvider } from '../provider/types.ts';
@@ -480,19 +488,39 @@ export class PodController {
     if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
   }
 
-  async #patchStatus(pod: V1Pod, status: V1PodStatus): Promise<void> {
+  /** One status patch, bounded: the token wait by the write limiter's bound, the request by
+   * POD_WRITE_TIMEOUT_MS (a black-holed connection cannot hold the status queue). */
+  async #patchStatus(pod: V1Pod, status: V1PodStatus, opts: WriteOptions = {}): Promise<void> {
     const namespace = pod.metadata?.namespace ?? '';
     const name = pod.metadata?.name ?? '';
     const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
-    await this.#o.kube.write(() =>
-      this.#o.kube.core.patchNamespacedPodStatus({ name, namespace, body }, strategicMergePatch),
+    await this.#o.kube.write(
+      (signal) =>
+        this.#o.kube.core.patchNamespacedPodStatus(
+          { name, namespace, body },
+          withSignal(signal, strategicMergePatch),
+        ),
+      { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts },
     );
   }
 
-  /** Writes a pod's status now (used by the provider for ordered publications, R8). */
+  /** Writes a pod's status now (used by the provider for ordered publications, R8): the
+   * lifecycle patch's retry policy (3 attempts, 500 ms apart, 5 s each; 404/409/422 are
+   * rethrown at once), ahead of waiting normal-priority writes. */
   async writeStatusNow(pod: V1Pod): Promise<void> {
-    if (!pod.status) return;
-    await this.#patchStatus(pod, pod.status);
+    const status = pod.status;
+    if (!status) return;
+    const namespace = pod.metadata?.namespace ?? '';
+    const name = pod.metadata?.name ?? '';
+    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
+    await this.#o.kube.writeRetrying(
+      (signal) =>
+        this.#o.kube.core.patchNamespacedPodStatus(
+          { name, namespace, body },
+          withSignal(signal, strategicMergePatch),
+        ),
+      { priority: 'high' },
+    );
     const key = keyOf(pod);
     this.#written.set(key, {
       uid: pod.metadata?.uid ?? '',
