@@ -67,7 +67,10 @@ async function main(argv: string[]): Promise<number> {
     );
   });
   const lifetime = new AbortController();
-  const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst);
+  const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst, {
+    eventQps: config.kubeEventQps,
+    eventBurst: config.kubeEventBurst,
+  });
   const host = probeHost(config.cocoonRootDir);
   const nodeIP = config.nodeIP ?? host.firstIPv4 ?? '127.0.0.1';
 
@@ -193,6 +196,7 @@ async function main(argv: string[]): Promise<number> {
   });
   agent.stop();
   provider.stopLoops();
+  events.stop();
   const closing = Promise.allSettled([controller.stop(), server.close(), metricsServer?.close()]);
   lifetime.abort();
   await Promise.race([closing, new Promise((r) => setTimeout(r, 10_000).unref())]);

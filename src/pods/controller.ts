@@ -24,6 +24,7 @@ import {
 import type { EventSink } from '../kube/events.ts';
 import type { Logger } from '../log.ts';
 import { NotFoundError, type PodProvider } from '../provider/types.ts';
+import { monoNow } from '../util/mono-clock.ts';
 import { WorkQueue } from '../util/work-queue.ts';
 import { type Dependency, type EnvSources, resolvePodEnv } from './env.ts';
 import { handledFingerprint, providerRelevant } from './fingerprint.ts';
@@ -67,6 +68,8 @@ export class PodController {
   readonly #informer: ListWatch<V1Pod>;
   readonly #queue: WorkQueue;
   readonly #statusQueue: WorkQueue;
+  /** Pod version whose sync failed, and when its backoff retry is due, per key. */
+  readonly #failedSync = new Map<string, { fp: string; retryAt: number }>();
   /** Fingerprint of the pod version the last successful sync handled, per key. */
   readonly #handled = new Map<string, string>();
   /** Latest status the provider published, not yet written, per key. */
@@ -225,6 +228,23 @@ export class PodController {
     }
     if (isTerminalPhase(pod.status?.phase)) return;
     const fp = handledFingerprint(pod);
+    // A sync that failed is retried on its backoff schedule, not by the watch events our
+    // own writes cause: an unchanged pod waits for the timer (docs/decisions.md).
+    const failed = this.#failedSync.get(key);
+    if (failed && failed.fp === fp && monoNow() < failed.retryAt) return;
+    try {
+      await this.#syncPod(key, pod, fp);
+      this.#failedSync.delete(key);
+    } catch (err) {
+      const attempt = this.#queue.retries(key) + 1;
+      this.#failedSync.set(key, { fp, retryAt: monoNow() + syncBackoffMs(attempt) });
+      throw err;
+    }
+  }
+
+  async #syncPod(key: string, pod: V1Pod, fp: string): Promise<void> {
+    const [namespace, name] = splitKey(key);
+    const provider = this.#o.provider;
     const tracked = provider.getPod(namespace, name);
     if (tracked && tracked.metadata?.uid === pod.metadata?.uid && this.#handled.get(key) === fp) return;
 
@@ -341,6 +361,7 @@ export class PodController {
   async #reportCreateFailure(pod: V1Pod, err: unknown): Promise<void> {
     const message = errText(err);
     this.#o.events.event(pod, 'Warning', 'ProviderCreateFailed', message);
+    if (pod.status?.reason === 'ProviderFailed' && pod.status?.message === message) return;
     const status: V1PodStatus = {
       ...(pod.status ?? {}),
       phase: pod.spec?.restartPolicy === 'Never' ? 'Failed' : 'Pending',
@@ -356,6 +377,7 @@ export class PodController {
 
   #forget(key: string): void {
     this.#handled.delete(key);
+    this.#failedSync.delete(key);
     this.#pendingStatus.delete(key);
     this.#written.delete(key);
     this.#unblock(key);
@@ -528,6 +550,11 @@ export class PodController {
       signature: statusSignature(pod.status),
     });
   }
+}
+
+/** The pod queue's retry delay after `attempt` failures (5 ms doubling to 1000 s, §4.2). */
+function syncBackoffMs(attempt: number): number {
+  return Math.min(1_000_000, 5 * 2 ** Math.min(attempt - 1, 40));
 }
 
 function errText(err: unknown): string {

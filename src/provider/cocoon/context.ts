@@ -5,7 +5,7 @@
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import type { CocoonCli } from '../../cocoon/runner.ts';
 import type { Config } from '../../config/env.ts';
-import { apiErrorMessage, apiStatus, type Kube, mergePatch } from '../../kube/client.ts';
+import { apiErrorMessage, apiStatus, type Kube, mergePatch, withSignal } from '../../kube/client.ts';
 import type { EventSink } from '../../kube/events.ts';
 import {
   EVENT_MESSAGE_MAX_BYTES,
@@ -58,8 +58,6 @@ export interface ProviderContext extends ProviderDeps {
   startupDoneAt: number;
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
 export function generationOf(pod: V1Pod): bigint {
   return parseGeneration(pod.metadata?.annotations?.[GENERATION]);
 }
@@ -76,7 +74,8 @@ export function isCurrent(ctx: ProviderContext, rec: PodRecord): boolean {
 export type PatchOutcome = 'ok' | 'superseded' | 'failed';
 
 /** A UID-fenced JSON merge patch of provider-owned annotations: 3 attempts, 500 ms apart,
- * 5 s each. 404/409/422 mean another incarnation owns the name now (R2): superseded. */
+ * 5 s each, every attempt cancelled at its bound (Kube.writeRetrying). 404/409/422 mean
+ * another incarnation owns the name now (R2): superseded. */
 export async function patchAnnotations(
   ctx: ProviderContext,
   rec: PodRecord,
@@ -85,42 +84,21 @@ export async function patchAnnotations(
   const namespace = rec.pod.metadata?.namespace ?? '';
   const name = rec.pod.metadata?.name ?? '';
   const body = { metadata: { uid: rec.uid, annotations } };
-  let last = '';
-  for (let attempt = 1; attempt <= 3; attempt++) {
-    try {
-      const res = await ctx.kube.write(() =>
-        withTimeout(ctx.kube.core.patchNamespacedPod({ namespace, name, body }, mergePatch), 5000),
-      );
-      rec.lastWriteRV = res.metadata?.resourceVersion;
-      return 'ok';
-    } catch (err) {
-      const code = apiStatus(err);
-      if (code === 404 || code === 409 || code === 422) return 'superseded';
-      last = apiErrorMessage(err);
-      if (attempt < 3) await sleep(500);
-    }
-  }
-  logFor(ctx, rec).warn(
-    { err: last, keys: Object.keys(annotations) },
-    'annotation patch failed; will retry on the next tick',
-  );
-  return 'failed';
-}
-
-function withTimeout<T>(p: Promise<T>, ms: number): Promise<T> {
-  return new Promise((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`API request timed out after ${ms} ms`)), ms);
-    p.then(
-      (v) => {
-        clearTimeout(t);
-        resolve(v);
-      },
-      (e: unknown) => {
-        clearTimeout(t);
-        reject(e);
-      },
+  try {
+    const res = await ctx.kube.writeRetrying((signal) =>
+      ctx.kube.core.patchNamespacedPod({ namespace, name, body }, withSignal(signal, mergePatch)),
     );
-  });
+    rec.lastWriteRV = res.metadata?.resourceVersion;
+    return 'ok';
+  } catch (err) {
+    const code = apiStatus(err);
+    if (code === 404 || code === 409 || code === 422) return 'superseded';
+    logFor(ctx, rec).warn(
+      { err: apiErrorMessage(err), keys: Object.keys(annotations) },
+      'annotation patch failed; will retry on the next tick',
+    );
+    return 'failed';
+  }
 }
 
 /** Re-reads the lease file and updates the record's IP (R9: only for the same VM ID). */

@@ -187,7 +187,10 @@ export class CocoonProvider implements Provider {
     }
   }
 
+  #stopped = false;
+
   stopLoops(): void {
+    this.#stopped = true;
     clearInterval(this.#tick);
     clearTimeout(this.#leaseDebounce);
     this.#leaseWatch?.close();
@@ -211,6 +214,9 @@ export class CocoonProvider implements Provider {
 
   /** Enqueues one reconcile per key (coalesced while one is already queued). */
   #reconcileSoon(key: string): void {
+    // After shutdown nothing is re-derived: a job ended by the lifetime signal would
+    // otherwise start the same job again at once, forever (the next process re-derives).
+    if (this.#ctx.lifetime.aborted || this.#stopped) return;
     if (this.#pendingReconcile.has(key)) return;
     this.#pendingReconcile.add(key);
     void this.#ctx.queue

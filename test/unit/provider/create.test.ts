@@ -1,0 +1,144 @@
+// The cocoon provider's create path, in process (fake Kubernetes client, fake cocoon runner):
+// a slow pull does not hold the caller, failed creates are not re-run by our own writes,
+// transient failures back off without publishing `failed`, and a staged `ready` is never
+// re-sent without an IP (docs/decisions.md: "Create failures", "Decisions that must always be
+// possible").
+import assert from 'node:assert/strict';
+import { afterEach, describe, mock, test } from 'node:test';
+import { CocoonCommandError } from '../../../src/cocoon/runner.ts';
+import { apiError } from '../fakes/kube.ts';
+import { clonePod, type Harness, harness, until, withAnnotations } from './harness.ts';
+
+let h: Harness | undefined;
+afterEach(() => {
+  h?.close();
+  h = undefined;
+  mock.timers.reset();
+});
+
+const STATE = 'vm.cocoonstack.io/lifecycle-state';
+const states = (hh: Harness, name: string) =>
+  hh.patches(name).flatMap((a) => (a[STATE] !== undefined ? [a[STATE]] : []));
+
+describe('bring-up does not hold the caller', () => {
+  test('CreatePod returns once the pod is claimed, while the clone-source pull is still running', async () => {
+    let release: () => void = () => {};
+    const pulled = new Promise<void>((r) => {
+      release = r;
+    });
+    h = harness({
+      puller: {
+        ensure: async () => {
+          await pulled;
+          h?.cocoon.snapshot('acme/agent');
+        },
+      },
+    });
+    const pod = clonePod('cold-0');
+    await h.provider.createPod(pod); // resolves with the pull still pending
+    assert.deepEqual(states(h, 'cold-0'), ['creating']);
+    assert.equal(h.cocoon.callsOf('vm clone').length, 0);
+    // Another pod is served meanwhile (its snapshot is local).
+    h.cocoon.snapshot('acme/warm');
+    await h.provider.createPod(clonePod('warm-0', { 'cocoonset.cocoonstack.io/image': 'acme/warm' }));
+    await until('warm clone', () => h!.cocoon.callsOf('vm clone').length === 1);
+    release();
+    await until('cold clone', () => h!.cocoon.callsOf('vm clone').length === 2);
+    await until('cold bound', () => h!.patches('cold-0').some((a) => !!a['vm.cocoonstack.io/id']));
+  });
+});
+
+describe('a failed create', () => {
+  test('is not re-run by our own lifecycle writes, status or label updates; an annotation fix re-runs it', async () => {
+    h = harness();
+    const pod = clonePod('missing-0', { 'cocoonset.cocoonstack.io/image': 'acme/absent' });
+    await h.provider.createPod(pod);
+    await until('failed', () => states(h!, 'missing-0').includes('failed'));
+    const inspects = () => h!.cocoon.callsOf('snapshot inspect acme/absent').length;
+    const before = inspects();
+    // Our own writes coming back, then a label edit, then a status-only update.
+    const back = withAnnotations(
+      pod,
+      h.patches('missing-0').reduce((a, b) => ({ ...a, ...b }), {}),
+      '5',
+    );
+    await h.provider.updatePod(back);
+    await h.provider.updatePod({
+      ...back,
+      metadata: { ...back.metadata, labels: { x: 'y' }, resourceVersion: '6' },
+    });
+    await h.provider.updatePod({
+      ...back,
+      status: { phase: 'Pending' },
+      metadata: { ...back.metadata, resourceVersion: '7' },
+    });
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(inspects(), before, 'no re-run');
+    assert.deepEqual(states(h, 'missing-0'), ['creating', 'failed'], 'never failed → creating');
+    assert.equal(h.events.filter((e) => e.reason === 'CreateBringUpFailed').length, 1);
+    // The fix re-runs the create.
+    h.cocoon.snapshot('acme/fixed');
+    await h.provider.updatePod(
+      withAnnotations(back, { 'cocoonset.cocoonstack.io/image': 'acme/fixed' }, '8'),
+    );
+    await until('cloned', () => h!.cocoon.callsOf('vm clone').length === 1);
+  });
+
+  test('a transient failure stays creating and is retried on the backoff schedule', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    h = harness();
+    h.cocoon.snapshot('acme/agent');
+    let locked = 2;
+    h.cocoon.on(/^snapshot inspect /, (argv) => {
+      if (locked-- > 0) throw new CocoonCommandError(argv, 'database is locked', 'database is locked', 1);
+      return {
+        stdout: JSON.stringify({ id: 's', name: 'acme/agent', image: '', hypervisor: 'cloud-hypervisor' }),
+        stderr: '',
+      };
+    });
+    await h.provider.createPod(clonePod('flaky-0'));
+    await until('first attempt', () => h!.cocoon.callsOf('snapshot inspect').length === 1);
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(states(h, 'flaky-0'), ['creating'], 'a transient failure never publishes failed');
+    const cond = h.statuses.at(-1)?.status?.conditions?.find((c) => c.type === 'vm.cocoonstack.io/Readiness');
+    assert.equal(cond?.reason, 'CreateBackoff');
+    mock.timers.tick(9_000);
+    await new Promise((r) => setImmediate(r));
+    assert.equal(h.cocoon.callsOf('snapshot inspect').length, 1, 'not before 10 s');
+    mock.timers.tick(1_000);
+    await until('second attempt', () => h!.cocoon.callsOf('snapshot inspect').length === 2);
+    mock.timers.tick(20_000);
+    await until('third attempt clones', () => h!.cocoon.callsOf('vm clone').length === 1);
+    assert.ok(!states(h, 'flaky-0').includes('failed'));
+  });
+});
+
+describe('ready is never published without an IP', () => {
+  test('a staged ready whose status write failed is re-checked against the lease file before it is re-sent', async () => {
+    let failStatus = true;
+    h = harness({
+      statusWriter: async () => {
+        if (failStatus) throw apiError(500, 'etcdserver: request timed out');
+      },
+    });
+    h.cocoon.snapshot('acme/agent');
+    const pod = clonePod('ip-0');
+    await h.provider.createPod(pod);
+    await until('bound', () => h!.patches('ip-0').some((a) => !!a['vm.cocoonstack.io/id']));
+    const vm = [...h.cocoon.vms.values()][0]!;
+    h.lease(vm.nics[0]!.mac, '10.0.0.7');
+    h.provider.startLoops();
+    // The reconcile stages ready; its status write fails, so the annotation is not sent.
+    await until('ready staged', () => h!.statuses.length > 0 && failStatus);
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok(!states(h, 'ip-0').includes('ready'));
+    // The lease goes away before the re-flush; the status write would now succeed.
+    h.lease(vm.nics[0]!.mac, '10.0.0.7');
+    const { writeFileSync } = await import('node:fs');
+    writeFileSync(h.leasesPath, '[]');
+    failStatus = false;
+    await h.provider.updatePod(withAnnotations(pod, {}, '9'));
+    await new Promise((r) => setTimeout(r, 100));
+    assert.ok(!states(h, 'ip-0').includes('ready'), 'ready is not re-sent without an IP');
+  });
+});
