@@ -7,7 +7,15 @@
 /** Monotonic whole milliseconds since process start (integers: timers and
  * `AbortSignal.timeout` reject fractional delays). */
 export function monoNow(): number {
-  return Math.floor(performance.now());
+  return Math.floor(performance.now()) + offsetMs;
+}
+
+let offsetMs = 0;
+
+/** Test seam: moves the monotonic clock forward (budgets and deadlines expire without
+ * waiting for them). Never called by the daemon. */
+export function advanceMonoClockForTests(ms: number): void {
+  offsetMs += ms;
 }
 
 /** The wall-clock time at which the monotonic instant `mono` happens (for display). */

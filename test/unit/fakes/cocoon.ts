@@ -29,6 +29,8 @@ export interface FakeSnapshot {
   name: string;
   image: string;
   hypervisor: string;
+  /** Static addressing of NIC 0 of its clones (a fixup is owed), if any. */
+  staticIp?: string;
 }
 
 export interface FakeCliCall {
@@ -156,7 +158,9 @@ export class FakeCocoon {
       const name = argv[argv.indexOf('--name') + 1] ?? '';
       if (this.#find(name)) this.#fail(argv, `vm name "${name}" already exists`);
       if (!this.snapshots.has(last)) this.#fail(argv, `snapshot not found: ${last}`);
-      const vm = this.addVm(name, { hypervisor: this.snapshots.get(last)?.hypervisor ?? 'cloud-hypervisor' });
+      const snap = this.snapshots.get(last);
+      const vm = this.addVm(name, { hypervisor: snap?.hypervisor ?? 'cloud-hypervisor' });
+      if (snap?.staticIp) vm.nics[0]!.network = { ip: snap.staticIp, gateway: '10.0.0.1', prefix: 24 };
       return { stdout: FakeCocoon.json(vm), stderr: '' };
     }
     if (group === 'vm' && verb === 'rm') {

@@ -142,3 +142,46 @@ describe('ready is never published without an IP', () => {
     assert.ok(!states(h, 'ip-0').includes('ready'), 'ready is not re-sent without an IP');
   });
 });
+
+describe('a superseded fixup job', () => {
+  test('writes no marker once its successor started', async () => {
+    const { advanceMonoClockForTests } = await import('../../../src/util/mono-clock.ts');
+    h = harness();
+    h.cocoon.snapshot('acme/static', { staticIp: '10.0.0.9' });
+    const releases: ((ok: boolean) => void)[] = [];
+    // Every guest exec hangs, ignoring its abort signal, until the test answers it.
+    h.cocoon.on(
+      /^vm exec /,
+      (argv) =>
+        new Promise((resolve, reject) => {
+          releases.push((ok) =>
+            ok
+              ? resolve({ stdout: '', stderr: '' })
+              : reject(new CocoonCommandError(argv, 'boom', 'boom', 1)),
+          );
+        }),
+    );
+    const pod = clonePod('fix-0', { 'cocoonset.cocoonstack.io/image': 'acme/static' });
+    await h.provider.createPod(pod);
+    await until('first exec', () => releases.length === 1);
+    // The first job outlives its hard deadline (180 s budget + 10 s grace): the next
+    // reconcile aborts it and starts a successor for the same VM.
+    advanceMonoClockForTests(200_000);
+    await h.provider.updatePod(withAnnotations(pod, {}, '20'));
+    await until('successor exec', () => releases.length === 2);
+    releases[0]!(true); // the superseded job's exec answers late, successfully
+    await new Promise((r) => setTimeout(r, 50));
+    const markers = h
+      .patches('fix-0')
+      .flatMap((a) =>
+        a['vm.cocoonstack.io/post-clone-state'] !== undefined
+          ? [a['vm.cocoonstack.io/post-clone-state']]
+          : [],
+      );
+    assert.ok(!markers.includes('done'), `markers ${JSON.stringify(markers)}: the superseded job wrote done`);
+    releases[1]!(true);
+    await until('successor done', () =>
+      h!.patches('fix-0').some((a) => a['vm.cocoonstack.io/post-clone-state'] === 'done'),
+    );
+  });
+});
