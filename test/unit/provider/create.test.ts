@@ -59,7 +59,7 @@ describe('a failed create', () => {
     // Our own writes coming back, then a label edit, then a status-only update.
     const back = withAnnotations(
       pod,
-      h.patches('missing-0').reduce((a, b) => ({ ...a, ...b }), {}),
+      Object.assign({}, ...h.patches('missing-0')),
       '5',
     );
     await h.provider.updatePod(back);
