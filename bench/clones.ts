@@ -1,19 +1,46 @@
 // Benchmark (a script, not a test): N concurrent clones with zero simulated VM latency.
 // Prints pod bound → lifecycle ready p50/p99, lease written → ready p50/p99, and apiserver
 // write requests per bring-up. Usage: npm run bench -- [pods=200]
+// However it ends (done, an error, SIGINT/SIGTERM, a crash) every process it started is stopped
+// through its PID registry (test/ground/proc.ts), the simulator's stand-ins included.
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
-import { newSimRoot } from '../sim/client.ts';
-import { startDaemon } from '../test/ground/daemon.ts';
-import { startGround, stopGround } from '../test/ground/ground.ts';
+import { newSimRoot, type SimRoot } from '../sim/client.ts';
+import { type Daemon, startDaemon } from '../test/ground/daemon.ts';
+import { type Ground, startGround, stopGround } from '../test/ground/ground.ts';
 import { adminClients, newNamespace, vmPod } from '../test/ground/kube.ts';
-import { waitFor } from '../test/ground/proc.ts';
+import { installTeardown, openPidRegistry, waitFor } from '../test/ground/proc.ts';
 
 const N = Number(process.argv[2] ?? process.env.VK_BENCH_PODS ?? 200);
 const dir = mkdtempSync(join(tmpdir(), 'vk-bench-'));
+const registry = openPidRegistry(join(dir, 'pids'));
 const log = (s: string) => console.log(`bench: ${s}`);
+log(`work dir ${dir}`);
+
+let ground: Ground | undefined;
+let sim: SimRoot | undefined;
+let daemon: Daemon | undefined;
+let stopping = false;
+const end = installTeardown(
+  async (why) => {
+    stopping = true;
+    if (why.kind === 'signal') log(`${why.signal}: stopping`);
+    if (daemon) await Promise.race([daemon.stop().catch(() => null), sleep(15_000)]);
+    await sim?.cleanup({ keepDir: true }).catch(() => {});
+    if (ground) await stopGround(ground).catch(() => {});
+    if (why.kind === 'done' && why.code === 0) {
+      // After installTeardown has stopped whatever is left in the registry.
+      process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+    } else {
+      log(`logs kept in ${dir}`);
+    }
+    return undefined;
+  },
+  { registry, log },
+);
 
 function pct(values: number[], p: number): number {
   const s = [...values].sort((a, b) => a - b);
@@ -27,19 +54,19 @@ async function metricValue(port: number, name: string): Promise<number> {
   return sum;
 }
 
-const ground = await startGround(join(dir, 'ground'), { log: (l) => log(l) });
-process.once('SIGTERM', () => void stopGround(ground).finally(() => process.exit(143)));
-process.once('SIGINT', () => void stopGround(ground).finally(() => process.exit(130)));
-try {
-  const sim = await newSimRoot({ parent: dir });
+async function main(): Promise<void> {
+  const g = await startGround(join(dir, 'ground'), { log: (l) => log(l) });
+  ground = g;
+  if (stopping) return;
+  sim = await newSimRoot({ parent: dir });
   const leasesPath = sim.leasesPath;
   await sim.fixtureSnapshot('bench/base', {
     backend: 'cloud-hypervisor',
     os: 'linux',
     image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
   });
-  const daemon = await startDaemon({
-    cluster: ground.cluster,
+  daemon = await startDaemon({
+    cluster: g.cluster,
     nodeName: 'bench-node',
     cocoonBin: sim.cocoonBin,
     rootDir: sim.root,
@@ -52,7 +79,8 @@ try {
       ...(process.env.VK_KUBE_BURST ? { VK_KUBE_BURST: process.env.VK_KUBE_BURST } : {}),
     },
   });
-  const { core, kc } = adminClients(ground.cluster);
+  if (stopping) return;
+  const { core, kc } = adminClients(g.cluster);
   const ns = await newNamespace(core, 'bench');
 
   const created = new Map<string, number>();
@@ -153,9 +181,9 @@ try {
   console.log(
     `  apiserver writes per bring-up (reads: one shared pod watch): ${((writesAfter - writesBefore) / N).toFixed(1)}`,
   );
-  await daemon.stop();
-  await sim.cleanup();
-} finally {
-  await stopGround(ground);
-  rmSync(dir, { recursive: true, force: true });
 }
+
+main().then(
+  () => end({ kind: 'done', code: 0 }),
+  (error: unknown) => end({ kind: 'error', error }),
+);

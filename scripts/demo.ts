@@ -1,74 +1,56 @@
-// `npm run demo`: vk-cocoon on embedded defaults. Brings up the local control plane
-// (kube-apiserver + etcd + registry), a cocoon simulator root with example snapshots, runs the
-// daemon against them, creates three example VM pods (Linux clone, Firecracker clone, Windows
-// clone) and shows their state live until Ctrl-C, then cleans up everything it started.
-import { mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
+// `npm run demo`: vk-cocoon on embedded defaults. Brings up the local control plane and the
+// registry (test/ground), a cocoon simulator root with example snapshots, runs the daemon
+// against them, creates three example VM pods (Linux clone, Firecracker clone, Windows clone)
+// and shows their state live until Ctrl-C.
+//
+//   npm run demo                  live table (a line per change when stdout is not a terminal)
+//   npm run demo -- --check       headless: until every pod is `ready` (or failed, or the
+//                                 timeout), one summary line, exit 0/1
+//   --timeout <s>                 bound of --check (default 180, or VK_DEMO_TIMEOUT_SECONDS)
+//
+// However it ends (Ctrl-C, SIGTERM, an error, a crash), every process it started is stopped:
+// they are all in its PID registry (test/ground/proc.ts), including the simulator's stand-ins.
+// VK_DEMO_FAIL_AT=ground|daemon|pods throws at that point of the start-up (tests of that path);
+// VK_DEMO_SECONDS=<n> ends an interactive demo after n seconds.
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { type V1Pod, Watch } from '@kubernetes/client-node';
-import { repoRoot } from '../test/ground/cluster.ts';
-import { startDaemon } from '../test/ground/daemon.ts';
-import { startGround, stopGround } from '../test/ground/ground.ts';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { CoreV1Api, V1Pod } from '@kubernetes/client-node';
+import { newSimRoot, type SimRoot } from '../sim/client.ts';
+import { type Daemon, startDaemon } from '../test/ground/daemon.ts';
+import { type Ground, startGround, stopGround } from '../test/ground/ground.ts';
 import { adminClients, vmPod } from '../test/ground/kube.ts';
-import { run } from '../test/ground/proc.ts';
+import { type EndReason, installTeardown, openPidRegistry } from '../test/ground/proc.ts';
+
+const NODE = 'cocoon-pool';
+const NAMESPACE = 'demo';
+const LIFECYCLE = 'vm.cocoonstack.io/lifecycle-state';
+const LIFECYCLE_MESSAGE = 'vm.cocoonstack.io/lifecycle-state-message';
+
+const argv = process.argv.slice(2);
+const check = argv.includes('--check');
+const timeoutFlag = argv.indexOf('--timeout');
+const timeoutS = Number(
+  timeoutFlag >= 0 ? argv[timeoutFlag + 1] : (process.env.VK_DEMO_TIMEOUT_SECONDS ?? (check ? 180 : 0)),
+);
+if (argv.some((a, i) => a !== '--check' && a !== '--timeout' && argv[i - 1] !== '--timeout')) {
+  process.stderr.write('usage: npm run demo [-- --check [--timeout <seconds>]]\n');
+  process.exit(2);
+}
+const failAt = process.env.VK_DEMO_FAIL_AT ?? '';
+const live = !check && process.stdout.isTTY === true;
+
+const t0 = Date.now();
+const elapsed = () => ((Date.now() - t0) / 1000).toFixed(1);
+const say = (s: string) => process.stdout.write(`demo: ${s}\n`);
 
 const dir = mkdtempSync(join(tmpdir(), 'vk-demo-'));
-const say = (s: string) => process.stdout.write(`demo: ${s}\n`);
-const sim = join(repoRoot, 'bin', 'cocoon-sim');
-const simRoot = join(dir, 'cocoon');
-const leasesPath = join(simRoot, 'net', 'leases.json');
-const simEnv = {
-  ...process.env,
-  COCOON_SIM_ROOT: simRoot,
-  COCOON_ROOT_DIR: simRoot,
-  COCOON_SIM_LEASES: leasesPath,
-};
+const registry = openPidRegistry(join(dir, 'pids'));
+say(`work dir ${dir}`);
 
-say('starting the local control plane (first run builds kube-apiserver, etcd and kubectl: minutes)');
-const ground = await startGround(join(dir, 'ground'), { log: (l) => say(l) });
-mkdirSync(join(simRoot, 'net'), { recursive: true });
-const cocoonBin = join(dir, 'cocoon');
-symlinkSync(sim, cocoonBin);
-const fixtures: [string, string[]][] = [
-  [
-    'demo/ubuntu',
-    ['--backend', 'cloud-hypervisor', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04'],
-  ],
-  [
-    'demo/ubuntu-fc',
-    ['--backend', 'firecracker', '--os', 'linux', '--image', 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04'],
-  ],
-  [
-    'demo/win11',
-    ['--backend', 'cloud-hypervisor', '--os', 'windows', '--image', 'https://images.example/win11.qcow2'],
-  ],
-];
-for (const [name, args] of fixtures) await run(sim, ['fixture', 'snapshot', name, ...args], { env: simEnv });
-// Windows guests take a few seconds to get their DHCP lease, like the real thing.
-await run(
-  sim,
-  [
-    'knobs',
-    'set',
-    JSON.stringify({ latency: { 'vm clone': 800 }, dhcp: { vms: [{ match: 'win', leaseDelayMs: 6000 }] } }),
-  ],
-  { env: simEnv },
-).catch(() => {});
-
-const logFile = join(dir, 'vk-cocoon.log');
-const daemon = await startDaemon({
-  cluster: ground.cluster,
-  nodeName: 'cocoon-pool',
-  cocoonBin,
-  rootDir: simRoot,
-  leasesPath,
-  logFile,
-  env: { VK_LOG_LEVEL: 'info' },
-});
-say(`vk-cocoon running (pid ${daemon.pid}, kubelet API :${daemon.kubeletPort}); log: ${logFile}`);
-const { core, kc } = adminClients(ground.cluster);
-await core.createNamespace({ body: { metadata: { name: 'demo' } } });
-const pods: [string, Record<string, string>][] = [
+/** The example pods: name and the annotations that make each a different kind of clone. */
+const examples: [string, Record<string, string>][] = [
   ['linux-0', { 'cocoonset.cocoonstack.io/image': 'demo/ubuntu' }],
   [
     'firecracker-0',
@@ -76,78 +58,236 @@ const pods: [string, Record<string, string>][] = [
   ],
   ['windows-0', { 'cocoonset.cocoonstack.io/image': 'demo/win11', 'cocoonset.cocoonstack.io/os': 'windows' }],
 ];
-for (const [name, ann] of pods) {
-  await core.createNamespacedPod({
-    namespace: 'demo',
-    body: vmPod(name, 'cocoon-pool', {
-      'vm.cocoonstack.io/name': `vk-demo-${name}`,
-      'cocoonset.cocoonstack.io/managed': 'true',
-      ...ann,
-    }),
-  });
-}
 
-const state = new Map<string, V1Pod>();
-const watch = new Watch(kc);
-const req = await watch.watch(
-  '/api/v1/namespaces/demo/pods',
-  {},
-  (t: string, p: V1Pod) => {
-    if (t === 'DELETED') state.delete(p.metadata?.name ?? '');
-    else state.set(p.metadata?.name ?? '', p);
+// Everything started so far; the teardown stops what is set, then the PID registry catches the
+// rest (a half-started ground, the simulator's processes, whatever a crash left behind).
+let ground: Ground | undefined;
+let sim: SimRoot | undefined;
+let daemon: Daemon | undefined;
+let stopping = false;
+
+const end = installTeardown(
+  async (why: EndReason) => {
+    stopping = true;
+    if (why.kind === 'signal') say(`${why.signal}: stopping`);
+    if (check && why.kind !== 'done') {
+      const cause = why.kind === 'signal' ? `interrupted by ${why.signal}` : firstLine(why.error);
+      say(`check FAILED: ${cause} after ${elapsed()}s`);
+    } else if (why.kind === 'error') {
+      say(`FAILED: ${firstLine(why.error)}`);
+    }
+    say('cleaning up');
+    if (daemon) await Promise.race([daemon.stop().catch(() => null), sleep(15_000)]);
+    await sim?.cleanup({ keepDir: true }).catch(() => {});
+    if (ground) await stopGround(ground).catch(() => {});
+    // Anything still running (a half-started ground included) is stopped by installTeardown
+    // through the registry, before the process exits; the work dir goes with it unless the
+    // run failed (then it holds the logs).
+    const ok = why.kind === 'done' ? why.code === 0 : why.kind === 'signal' && !check;
+    if (ok) process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
+    else say(`logs kept in ${dir} (vk-cocoon.log, ground/)`);
+    // An interactive demo stopped with Ctrl-C ends normally.
+    return why.kind === 'signal' && !check ? 0 : undefined;
   },
-  () => {},
+  { registry, log: (l) => say(l) },
 );
 
-function render(): void {
-  const rows = [...state.values()].map((p) => {
-    const a = p.metadata?.annotations ?? {};
-    const ready = p.status?.conditions?.find((c) => c.type === 'Ready')?.status === 'True';
-    const step = p.status?.conditions?.find((c) => c.type === 'vm.cocoonstack.io/Readiness')?.reason ?? '';
-    return [
-      p.metadata?.name ?? '',
-      p.status?.phase ?? '',
-      ready ? 'yes' : 'no',
-      a['vm.cocoonstack.io/lifecycle-state'] ?? '',
-      step,
-      a['vm.cocoonstack.io/post-clone-state'] ?? '',
-      p.status?.podIP ?? '',
-      (a['vm.cocoonstack.io/id'] ?? '').slice(0, 10),
-    ];
-  });
-  const head = ['POD', 'PHASE', 'READY', 'LIFECYCLE', 'STEP', 'POST-CLONE', 'IP', 'VM ID'];
-  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i] ?? 0)).join('  ');
-  process.stdout.write('\x1b[2J\x1b[H');
-  process.stdout.write(
-    `vk-cocoon demo — node cocoon-pool, ${new Date().toISOString()}\n\n${line(head)}\n${rows.map(line).join('\n')}\n\n`,
-  );
-  process.stdout.write(
-    `KUBECONFIG=${ground.cluster.kubeconfig}\nkubectl: ${join(ground.cluster.binDir, 'kubectl')}  (try: -n demo exec linux-0 -- hostname)\nCtrl-C to stop and clean up.\n`,
-  );
+function firstLine(err: unknown): string {
+  return (err instanceof Error ? err.message : String(err)).split('\n')[0] ?? '';
 }
-const timer = setInterval(render, 500);
 
-let stopping = false;
-async function cleanup(): Promise<void> {
-  if (stopping) return;
-  stopping = true;
-  clearInterval(timer);
-  req.abort();
-  say('cleaning up');
-  await daemon.stop().catch(() => {});
-  const list = await run(cocoonBin, ['vm', 'list', '-o', 'json'], { env: simEnv }).catch(() => ({
-    stdout: '[]',
-  }));
-  const text = list.stdout.trim();
-  for (const vm of text.startsWith('[') ? (JSON.parse(text) as { id: string }[]) : []) {
-    await run(cocoonBin, ['vm', 'rm', '--force', vm.id], { env: simEnv }).catch(() => {});
-  }
-  await stopGround(ground);
-  rmSync(dir, { recursive: true, force: true });
-  say('done');
-  process.exit(0);
+/** Throws at the named start-up point when VK_DEMO_FAIL_AT asks for it (tests). */
+function failpoint(name: string): void {
+  if (failAt === name)
+    throw new Error(`VK_DEMO_FAIL_AT=${name}: failing on purpose after the ${name} started`);
 }
-process.on('SIGINT', () => void cleanup());
-process.on('SIGTERM', () => void cleanup());
-if (process.env.VK_DEMO_SECONDS) setTimeout(() => void cleanup(), Number(process.env.VK_DEMO_SECONDS) * 1000);
+
+/** Parks the start-up once the teardown has begun: nothing new may be started then. */
+async function proceed(): Promise<void> {
+  if (stopping) await new Promise(() => {});
+}
+
+interface Row {
+  name: string;
+  phase: string;
+  ready: string;
+  lifecycle: string;
+  step: string;
+  postClone: string;
+  ip: string;
+  vm: string;
+  message: string;
+}
+
+function rowOf(name: string, p: V1Pod | undefined): Row {
+  const a = p?.metadata?.annotations ?? {};
+  const cond = (t: string) => p?.status?.conditions?.find((c) => c.type === t);
+  const readiness = cond('vm.cocoonstack.io/Readiness');
+  return {
+    name,
+    phase: p?.status?.phase ?? (p ? '' : 'missing'),
+    ready: cond('Ready')?.status === 'True' ? 'yes' : 'no',
+    lifecycle: a[LIFECYCLE] ?? '',
+    step: readiness?.reason ?? '',
+    postClone: a['vm.cocoonstack.io/post-clone-state'] ?? '',
+    ip: p?.status?.podIP ?? '',
+    vm: (a['vm.cocoonstack.io/id'] ?? '').slice(0, 10),
+    message: a[LIFECYCLE_MESSAGE] || readiness?.message || '',
+  };
+}
+
+const head = ['POD', 'PHASE', 'READY', 'LIFECYCLE', 'STEP', 'POST-CLONE', 'IP', 'VM ID'];
+const cells = (r: Row) => [r.name, r.phase, r.ready, r.lifecycle, r.step, r.postClone, r.ip, r.vm];
+
+function renderTable(rows: Row[], g: Ground): void {
+  const body = rows.map(cells);
+  const widths = head.map((h, i) => Math.max(h.length, ...body.map((r) => (r[i] ?? '').length)));
+  const line = (r: string[]) => r.map((c, i) => c.padEnd(widths[i] ?? 0)).join('  ');
+  process.stdout.write(
+    [
+      '\x1b[H\x1b[J',
+      `vk-cocoon demo: node ${NODE}, ${elapsed()}s\n\n`,
+      `${line(head)}\n${body.map(line).join('\n')}\n\n`,
+      `KUBECONFIG=${g.cluster.kubeconfig}\n`,
+      `kubectl: ${join(g.cluster.binDir, 'kubectl')}  (try: -n ${NAMESPACE} exec linux-0 -- hostname)\n`,
+      `vk-cocoon log: ${join(dir, 'vk-cocoon.log')}\n`,
+      'Ctrl-C to stop and clean up.\n',
+    ].join(''),
+  );
+}
+
+/** Not a terminal (or --check): one line per pod whenever its row changes. */
+const lastLine = new Map<string, string>();
+function renderChanges(rows: Row[]): void {
+  for (const r of rows) {
+    const text = [
+      `phase=${r.phase || '-'}`,
+      `ready=${r.ready}`,
+      `lifecycle=${r.lifecycle || '-'}`,
+      r.step ? `step=${r.step}` : '',
+      r.postClone ? `post-clone=${r.postClone}` : '',
+      r.ip ? `ip=${r.ip}` : '',
+      r.vm ? `vm=${r.vm}` : '',
+    ]
+      .filter(Boolean)
+      .join(' ');
+    if (lastLine.get(r.name) === text) continue;
+    lastLine.set(r.name, text);
+    say(`[${elapsed().padStart(6)}s] ${r.name.padEnd(14)} ${text}`);
+  }
+}
+
+async function snapshot(core: CoreV1Api): Promise<Row[]> {
+  const list = await core.listNamespacedPod({ namespace: NAMESPACE });
+  const byName = new Map(list.items.map((p) => [p.metadata?.name ?? '', p]));
+  return examples.map(([name]) => rowOf(name, byName.get(name)));
+}
+
+function summary(rows: Row[]): { passed: boolean; done: boolean; text: string } {
+  const ready = rows.filter((r) => r.lifecycle === 'ready');
+  const failed = rows.filter((r) => r.lifecycle === 'failed' || r.phase === 'Failed');
+  const notReady = rows
+    .filter((r) => r.lifecycle !== 'ready')
+    .map((r) => `${r.name} lifecycle=${r.lifecycle || '(none)'}${r.message ? ` (${r.message})` : ''}`);
+  return {
+    passed: ready.length === rows.length,
+    done: ready.length + failed.length === rows.length,
+    text: `${ready.length}/${rows.length} pods ready; ${notReady.join(', ')}`,
+  };
+}
+
+async function main(): Promise<void> {
+  say('starting the local control plane (the first run builds the Kubernetes binaries: minutes)');
+  ground = await startGround(join(dir, 'ground'), { log: (l) => say(l) });
+  const g = ground;
+  failpoint('ground');
+  await proceed();
+
+  sim = await newSimRoot({
+    parent: dir,
+    // Clones take a moment and Windows guests get their DHCP lease after a few seconds, as on
+    // a real host.
+    knobs: { latency: { 'vm clone': 800 }, dhcp: { vms: [{ match: 'win', leaseDelayMs: 6000 }] } },
+  });
+  const ubuntu = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
+  await sim.fixtureSnapshot('demo/ubuntu', { backend: 'cloud-hypervisor', os: 'linux', image: ubuntu });
+  await sim.fixtureSnapshot('demo/ubuntu-fc', { backend: 'firecracker', os: 'linux', image: ubuntu });
+  await sim.fixtureSnapshot('demo/win11', {
+    backend: 'cloud-hypervisor',
+    os: 'windows',
+    image: 'https://images.example/win11.qcow2',
+  });
+  await proceed();
+
+  const logFile = join(dir, 'vk-cocoon.log');
+  daemon = await startDaemon({
+    cluster: g.cluster,
+    nodeName: NODE,
+    cocoonBin: sim.cocoonBin,
+    rootDir: sim.root,
+    leasesPath: sim.leasesPath,
+    logFile,
+    env: { ...sim.env(), VK_LOG_LEVEL: 'info' },
+  });
+  say(`vk-cocoon running (pid ${daemon.pid}, kubelet API :${daemon.kubeletPort}); log: ${logFile}`);
+  failpoint('daemon');
+  await proceed();
+
+  const { core } = adminClients(g.cluster);
+  await core.createNamespace({ body: { metadata: { name: NAMESPACE } } });
+  for (const [name, ann] of examples) {
+    await core.createNamespacedPod({
+      namespace: NAMESPACE,
+      body: vmPod(name, NODE, {
+        'vm.cocoonstack.io/name': `vk-demo-${name}`,
+        'cocoonset.cocoonstack.io/managed': 'true',
+        ...ann,
+      }),
+    });
+  }
+  say(`created ${examples.map(([n]) => n).join(', ')} in namespace ${NAMESPACE} on node ${NODE}`);
+  if (!live) {
+    say(`KUBECONFIG=${g.cluster.kubeconfig}`);
+    if (!check) say('Ctrl-C to stop and clean up');
+  }
+  failpoint('pods');
+
+  const deadline = timeoutS > 0 ? t0 + timeoutS * 1000 : Number.POSITIVE_INFINITY;
+  const interactiveEnd = process.env.VK_DEMO_SECONDS
+    ? Date.now() + Number(process.env.VK_DEMO_SECONDS) * 1000
+    : Number.POSITIVE_INFINITY;
+  let pollErrors = 0;
+  for (;;) {
+    await proceed();
+    let rows: Row[];
+    try {
+      rows = await snapshot(core);
+      pollErrors = 0;
+    } catch (err) {
+      // One failed poll is not fatal (a slow apiserver); a run of them is.
+      if (++pollErrors >= 20) throw err;
+      await sleep(500);
+      continue;
+    }
+    if (live) renderTable(rows, g);
+    else renderChanges(rows);
+    if (check) {
+      const s = summary(rows);
+      if (s.passed) {
+        say(`check passed: ${rows.length}/${rows.length} pods ready in ${elapsed()}s`);
+        return void (await end({ kind: 'done', code: 0 }));
+      }
+      if (s.done || Date.now() > deadline) {
+        const why = s.done ? 'a pod failed' : `timed out after ${timeoutS}s`;
+        say(`check FAILED: ${why}: ${s.text}`);
+        return void (await end({ kind: 'done', code: 1 }));
+      }
+    } else if (Date.now() > interactiveEnd) {
+      return void (await end({ kind: 'done', code: 0 }));
+    }
+    await sleep(500);
+  }
+}
+
+// installTeardown prints the error (with its stack) and stops everything.
+main().catch((err: unknown) => void end({ kind: 'error', error: err }));

@@ -6,7 +6,7 @@ import { openSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ClusterState } from './cluster.ts';
 import { repoRoot } from './cluster.ts';
-import { freePort, httpsGet, isAlive, stopPid, waitFor } from './proc.ts';
+import { freePort, httpsGet, isAlive, recordPid, registryEnv, stopPid, waitFor } from './proc.ts';
 
 export interface DaemonOptions {
   cluster: ClusterState;
@@ -60,10 +60,13 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
         VK_TLS_CLIENT_CA: o.cluster.certs.caCert,
         VK_LOG_LEVEL: 'debug',
         ...o.env,
+        // The run's PID registry marker: its teardown finds the daemon and everything it starts.
+        ...registryEnv(),
       },
     },
   );
   const pid = child.pid ?? 0;
+  recordPid(pid, 'vk-cocoon', ['run']);
   let exitCode: number | null | undefined;
   const exited = new Promise<number | null>((resolve) =>
     child.once('exit', (code) => {
