@@ -8,7 +8,7 @@
  * {@link ArgvError} for it. Callers validate pod-author input before it gets here (VMSpec);
  * reaching the throw is a bug, not a user error.
  */
-import type { Backend } from '../vmspec/types.ts';
+import type { Backend } from '../contract/vm.ts';
 
 /** A positional argument that cocoon would misread as a flag, or an empty one. */
 export class ArgvError extends Error {

@@ -13,8 +13,8 @@ import {
   type LifecycleState,
   MESSAGE_MAX_BYTES,
   parseGeneration,
-  truncateUtf8,
-} from './annotations.ts';
+} from '../contract/annotations.ts';
+import { truncateUtf8 } from '../util/text.ts';
 
 /** One pod key's lifecycle intent (lifecycle.md §4). */
 export interface IntentRecord {

@@ -6,9 +6,11 @@
  * It is called on every reconcile run (UpdatePod, job settled, probe transition, VM event,
  * lease change, startup, periodic tick). Jobs execute steps; they never own the decision.
  */
-import { type FixupKind, type FixupNic, fixupKind, isStaticNic } from '../postclone/plan.ts';
-import type { Backend, GuestOS } from '../vmspec/types.ts';
-import type { LifecycleState, PostCloneState } from './annotations.ts';
+
+import type { LifecycleState, PostCloneState } from '../contract/annotations.ts';
+import type { Backend, GuestOS } from '../contract/vm.ts';
+import { type FixupKind, type FixupNic, fixupKind, isStaticNic } from '../guest/postclone.ts';
+import { guestProfile } from '../guest/profiles.ts';
 
 /** IP-wait budget after a cloned boot (§7.2). */
 export const IP_WAIT_BUDGET_MS = 45_000;
@@ -104,7 +106,7 @@ export type NoneReason =
   | 'not_tracked'
   | 'deleting'
   | 'unmanaged'
-  | 'macos'
+  | 'unsupported_guest'
   | 'hibernate_requested'
   | 'no_vm'
   | 'terminal_intent'
@@ -183,7 +185,7 @@ export const POST_CLONE_EXHAUSTED_REASON = 'PostCloneExecExhausted';
 
 /** SAC is owed for Windows VMs with at least one static NIC (§6.6). */
 export function sacOwed(os: GuestOS, nics: readonly FixupNic[]): boolean {
-  return os === 'windows' && nics.some(isStaticNic);
+  return guestProfile(os).staticIpOverSerialConsole && nics.some(isStaticNic);
 }
 
 const TERMINAL_OR_HIBERNATING: readonly string[] = ['ready', 'hibernating', 'hibernated', 'failed'];
@@ -215,7 +217,7 @@ export function deriveOwedStep(facts: ReadinessFacts, now: number): OwedStep {
   if (!facts.tracked) return { kind: 'none', row: 1, reason: 'not_tracked' };
   if (facts.deleting) return { kind: 'none', row: 1, reason: 'deleting' };
   if (!facts.managed) return { kind: 'none', row: 1, reason: 'unmanaged' };
-  if (facts.os === 'macos') return { kind: 'none', row: 1, reason: 'macos' };
+  if (!guestProfile(facts.os).supported.ok) return { kind: 'none', row: 1, reason: 'unsupported_guest' };
   if (facts.hibernateRequested) return { kind: 'none', row: 1, reason: 'hibernate_requested' };
 
   const vm = facts.vm;
@@ -303,7 +305,7 @@ function deriveCreatingStep(facts: ReadinessFacts, vm: BoundVm, now: number): Ow
     vmId: vm.id,
     startedAt: start,
     deadline: start + IP_WAIT_BUDGET_MS,
-    renewNudgeAt: facts.os === 'windows' ? start + WINDOWS_RENEW_NUDGE_AFTER_MS : undefined,
+    renewNudgeAt: guestProfile(facts.os).renewNudge ? start + WINDOWS_RENEW_NUDGE_AFTER_MS : undefined,
     abortJob,
   };
 }

@@ -7,7 +7,7 @@
  * Once ready: every 5 s; 3 consecutive failures flip to not-ready and fall back to the fast
  * cadence. Transitions are reported only when readiness changes.
  */
-import type { LifecycleState } from './annotations.ts';
+import type { LifecycleState } from '../contract/annotations.ts';
 
 export const PROBE_FAST_INTERVAL_MS = 100;
 export const PROBE_BACKOFF_FACTOR = 1.5;

@@ -3,7 +3,7 @@
  * `podIP`/`podIPs`, `hostIP`, `startTime` and the single `agent` container status. The result
  * is a plain object assignable to `V1PodStatus` (dates are `Date`s, arrays are mutable types).
  */
-import type { LifecycleState } from './annotations.ts';
+import type { LifecycleState } from '../contract/annotations.ts';
 import { podReady } from './probe.ts';
 
 /** The single container every VM pod reports. */

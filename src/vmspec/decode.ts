@@ -29,9 +29,7 @@ import {
   SNAPSHOT_POLICY,
   STORAGE,
   VM_NAME,
-} from '../lifecycle/annotations.ts';
-import { parseByteSize, parseMillicores, type QuantityInput } from './quantity.ts';
-import { deriveRole, type OwnerReferenceLike } from './role.ts';
+} from '../contract/annotations.ts';
 import {
   BACKENDS,
   type Backend,
@@ -43,7 +41,9 @@ import {
   VM_NAME_PATTERN,
   type VMMode,
   type VMRole,
-} from './types.ts';
+} from '../contract/vm.ts';
+import { parseByteSize, parseMillicores, type QuantityInput } from './quantity.ts';
+import { deriveRole, type OwnerReferenceLike } from './role.ts';
 
 /** Container resources as found in a pod spec (compatible with `V1ResourceRequirements`). */
 export interface ResourcesLike {

@@ -1,6 +1,6 @@
 /** Role derivation for the `main-only` snapshot policy (pod-to-vm.md §1, last paragraph). */
-import { parseInt64 } from '../lifecycle/annotations.ts';
-import type { VMRole } from './types.ts';
+import { parseInt64 } from '../contract/annotations.ts';
+import type { VMRole } from '../contract/vm.ts';
 
 /** The subset of an ownerReference the role derivation reads (compatible with `V1OwnerReference`). */
 export interface OwnerReferenceLike {

@@ -1,6 +1,6 @@
 /** Clone image split and the tag-aware local snapshot name (pod-to-vm.md §2.3 steps 1–2). */
 import { createHash } from 'node:crypto';
-import { truncateUtf8 } from '../lifecycle/annotations.ts';
+import { truncateUtf8 } from '../util/text.ts';
 
 /** Longest local snapshot name cocoon accepts. */
 export const MAX_SNAPSHOT_NAME_LENGTH = 63;

@@ -11,14 +11,15 @@ import {
 } from '../../cocoon/argv.ts';
 import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
+import { isCloudImageUrl } from '../../contract/vm.ts';
+import { guestProfile } from '../../guest/profiles.ts';
+import { restoreModeFor } from '../../guest/restore-mode.ts';
 import type { Logger } from '../../log.ts';
 import { inspectSnapshot, SnapshotPullError } from '../../registry/pull.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
-import { restoreModeFor } from '../../vmspec/restore-mode.ts';
 import { localSnapshotName, splitCloneImage } from '../../vmspec/snapshot-name.ts';
-import { isCloudImageUrl } from '../../vmspec/types.ts';
 import type { ProviderContext } from './context.ts';
 
 /** Pulls a clone-source snapshot from the registry into its local name (registry.md §5),
@@ -135,7 +136,7 @@ export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger
     memoryBytes: runMemoryBytes(spec),
     storageBytes: spec.storageBytes,
     network: spec.network || undefined,
-    windows: spec.os === 'windows',
+    windows: guestProfile(spec.os).runWindowsFlag,
     firecracker: spec.backend === 'firecracker',
     noDirectIO: spec.noDirectIO,
     image: spec.image,

@@ -3,7 +3,7 @@
 // answer is derived from the tracked records every time it is asked (level-triggered: no
 // second index that could drift from them).
 import type { V1Pod } from '@kubernetes/client-node';
-import { MANAGED, VM_ID, VM_NAME } from '../../lifecycle/annotations.ts';
+import { MANAGED, VM_ID, VM_NAME } from '../../contract/annotations.ts';
 import type { PodRecord } from './record.ts';
 
 /** A full cocoon VM ID: 26 characters of the RFC 4648 base32 alphabet. */

@@ -5,18 +5,17 @@
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import type { CocoonCli } from '../../cocoon/runner.ts';
 import type { Config } from '../../config/env.ts';
-import { apiErrorMessage, apiStatus, type Kube, mergePatch, withSignal } from '../../kube/client.ts';
-import type { EventSink } from '../../kube/events.ts';
 import {
   EVENT_MESSAGE_MAX_BYTES,
   GENERATION,
   LIFECYCLE_STATE_MESSAGE,
   type LifecycleState,
   parseGeneration,
-  truncateUtf8,
   VM_ID,
   VM_IP,
-} from '../../lifecycle/annotations.ts';
+} from '../../contract/annotations.ts';
+import { apiErrorMessage, apiStatus, type Kube, mergePatch, withSignal } from '../../kube/client.ts';
+import type { EventSink } from '../../kube/events.ts';
 import {
   buildLifecyclePatch,
   comparisonKey,
@@ -30,6 +29,7 @@ import type { Logger } from '../../log.ts';
 import { type LeaseFile, resolveIp } from '../../net/leases.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
 import { monoNow, wallAt } from '../../util/mono-clock.ts';
+import { truncateUtf8 } from '../../util/text.ts';
 import type { LifecycleMetrics } from './metrics.ts';
 import { applyAnnotations, type PodRecord } from './record.ts';
 

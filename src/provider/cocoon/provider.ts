@@ -9,7 +9,6 @@ import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { execArgv, listArgv, logsArgv, removeArgv, snapshotRemoveArgv } from '../../cocoon/argv.ts';
 import { parseVmList, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError, killGroup } from '../../cocoon/runner.ts';
-import type { ExecOutcome, ExecStreams } from '../../kubelet/streams/exec-session.ts';
 import {
   EVENT_MESSAGE_MAX_BYTES,
   KEEP_SNAPSHOT_ON_DELETE,
@@ -17,14 +16,16 @@ import {
   POST_CLONE_ERRORS,
   POST_CLONE_HINT,
   POST_CLONE_STATE,
-  truncateUtf8,
   VM_ID,
   VM_IP,
-} from '../../lifecycle/annotations.ts';
+} from '../../contract/annotations.ts';
+import { guestProfile } from '../../guest/profiles.ts';
+import type { ExecOutcome, ExecStreams } from '../../kubelet/streams/exec-session.ts';
 import { echoGeneration, seedFromAnnotations } from '../../lifecycle/intent.ts';
 import { releaseLease } from '../../net/release.ts';
 import { KeyedQueue } from '../../util/keyed-queue.ts';
 import { monoNow } from '../../util/mono-clock.ts';
+import { truncateUtf8 } from '../../util/text.ts';
 import { decodeVMSpec, isClonedBootSpec, type VMSpec } from '../../vmspec/decode.ts';
 import { type LogOptions, NotFoundError, type Provider } from '../types.ts';
 import {
@@ -315,13 +316,9 @@ export class CocoonProvider implements Provider {
       await this.#refuseHibernate(rec, 'create');
       return undefined;
     }
-    if (spec.os === 'macos') {
-      await this.#createFailed(
-        rec,
-        'CreateBringUpFailed',
-        'macOS guests belong to a later tier and are not supported by this vk-cocoon release',
-        false,
-      );
+    const guest = guestProfile(spec.os);
+    if (!guest.supported.ok) {
+      await this.#createFailed(rec, 'CreateBringUpFailed', guest.supported.message, false);
       return undefined;
     }
     const holder = holderOfName(ctx.pods, key, spec.vmName);
@@ -985,8 +982,9 @@ export class CocoonProvider implements Provider {
       out.end(`vk-cocoon: pod ${namespace}/${pod} has no VM yet\n`);
       return out;
     }
-    if (rec.spec?.os === 'windows') {
-      out.end('vk-cocoon: Windows guests have no console log; connect with RDP to the pod IP.\n');
+    const logs = guestProfile(rec.spec?.os ?? 'linux').consoleLogs;
+    if (logs.kind === 'none') {
+      out.end(`${logs.line}\n`);
       return out;
     }
     const vmId = rec.vm.id;

@@ -18,9 +18,18 @@ import {
   POST_CLONE_HINT,
   POST_CLONE_STATE,
   parsePostCloneState,
-  truncateUtf8,
   VM_IP,
-} from '../../lifecycle/annotations.ts';
+} from '../../contract/annotations.ts';
+import type { Backend } from '../../contract/vm.ts';
+import { attemptErrorMessage, joinAttemptErrors } from '../../guest/attempts.ts';
+import {
+  FIXUP_BUDGET_MS,
+  FIXUP_RETRY_DELAY_MS,
+  type FixupNic,
+  hintBase64,
+  planFixup,
+} from '../../guest/postclone.ts';
+import { guestProfile } from '../../guest/profiles.ts';
 import { isUnflushed } from '../../lifecycle/intent.ts';
 import {
   deriveOwedStep,
@@ -29,17 +38,8 @@ import {
   type ReadinessFacts,
 } from '../../lifecycle/owed.ts';
 import { resolveIp } from '../../net/leases.ts';
-import { attemptErrorMessage, joinAttemptErrors } from '../../postclone/attempts.ts';
-import {
-  FIXUP_BUDGET_MS,
-  FIXUP_RETRY_DELAY_MS,
-  type FixupNic,
-  hintBase64,
-  planFixup,
-  WINDOWS_RENEW_ARGV,
-} from '../../postclone/plan.ts';
 import { monoNow } from '../../util/mono-clock.ts';
-import type { Backend } from '../../vmspec/types.ts';
+import { truncateUtf8 } from '../../util/text.ts';
 import {
   failOp,
   flushIntent,
@@ -430,7 +430,8 @@ async function runIpWait(
       progress.renewNudgeSent = true;
       const timeoutMs = Math.max(1, Math.min(NUDGE_TIMEOUT_MS, deadline - monoNow()));
       try {
-        await ctx.cli.run(execArgv({ vmId: job.vmId, command: WINDOWS_RENEW_ARGV }), { timeoutMs, signal });
+        const nudge = guestProfile(rec.spec?.os ?? 'linux').renewNudge ?? [];
+        await ctx.cli.run(execArgv({ vmId: job.vmId, command: nudge }), { timeoutMs, signal });
         ctx.metrics.renewNudge('ok');
         log.info('sent the Windows DHCP renew nudge');
       } catch (err) {

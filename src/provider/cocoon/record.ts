@@ -16,7 +16,7 @@ import {
   POST_CLONE_STATE,
   VM_ID,
   VM_IP,
-} from '../../lifecycle/annotations.ts';
+} from '../../contract/annotations.ts';
 import type { IntentRecord } from '../../lifecycle/intent.ts';
 import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
 import type { VMSpec } from '../../vmspec/decode.ts';

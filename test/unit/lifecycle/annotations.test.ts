@@ -16,12 +16,12 @@ import {
   parseGeneration,
   parseInt64,
   parsePostCloneState,
-  truncateUtf8,
   VM_ID,
   VM_IP,
   VM_NAME,
   VMSPEC_KEYS,
-} from '../../../src/lifecycle/annotations.ts';
+} from '../../../src/contract/annotations.ts';
+import { truncateUtf8 } from '../../../src/util/text.ts';
 
 describe('annotation keys', () => {
   it('reproduces the contract keys byte for byte', () => {

@@ -7,7 +7,7 @@ import {
   LIFECYCLE_STATE_MESSAGE,
   LIFECYCLE_STATES,
   type LifecycleState,
-} from '../../../src/lifecycle/annotations.ts';
+} from '../../../src/contract/annotations.ts';
 import {
   buildLifecyclePatch,
   comparisonKey,

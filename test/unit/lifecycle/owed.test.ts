@@ -55,7 +55,7 @@ describe('deriveOwedStep row 1: another flow owns the lifecycle', () => {
     [{ tracked: false }, 'not_tracked'],
     [{ deleting: true }, 'deleting'],
     [{ managed: false }, 'unmanaged'],
-    [{ os: 'macos' }, 'macos'],
+    [{ os: 'macos' }, 'unsupported_guest'],
     [{ hibernateRequested: true }, 'hibernate_requested'],
   ];
   for (const [override, reason] of cases) {

@@ -57,11 +57,7 @@ describe('a failed create', () => {
     const inspects = () => h!.cocoon.callsOf('snapshot inspect acme/absent').length;
     const before = inspects();
     // Our own writes coming back, then a label edit, then a status-only update.
-    const back = withAnnotations(
-      pod,
-      Object.assign({}, ...h.patches('missing-0')),
-      '5',
-    );
+    const back = withAnnotations(pod, Object.assign({}, ...h.patches('missing-0')), '5');
     await h.provider.updatePod(back);
     await h.provider.updatePod({
       ...back,

@@ -15,7 +15,7 @@ import {
   SNAPSHOT_POLICY,
   STORAGE,
   VM_NAME,
-} from '../../../src/lifecycle/annotations.ts';
+} from '../../../src/contract/annotations.ts';
 import {
   decodeVMSpec,
   isClonedBootSpec,

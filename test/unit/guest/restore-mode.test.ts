@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { parseRestoreModeSetting, restoreModeFor } from '../../../src/vmspec/restore-mode.ts';
+import { parseRestoreModeSetting, restoreModeFor } from '../../../src/guest/restore-mode.ts';
 
 describe('restore mode (pod-to-vm.md §3.2)', () => {
   it('never for Firecracker', () => {

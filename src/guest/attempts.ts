@@ -1,5 +1,6 @@
 /** The per-attempt error chain of a fixup (lifecycle.md §2.2, §6.5, §6.7). */
-import { MESSAGE_MAX_BYTES, truncateUtf8 } from '../lifecycle/annotations.ts';
+import { MESSAGE_MAX_BYTES } from '../contract/annotations.ts';
+import { truncateUtf8 } from '../util/text.ts';
 
 /**
  * `attempt N: <error>` entries (N from 1, in order) joined with `\n`, truncated to at most

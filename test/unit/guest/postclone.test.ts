@@ -10,7 +10,7 @@ import {
   prefixToMask,
   WINDOWS_FIXUP_ARGV,
   WINDOWS_FIXUP_HINT,
-} from '../../../src/postclone/plan.ts';
+} from '../../../src/guest/postclone.ts';
 
 const STATIC_NIC = {
   mac: '02:4e:9a:11:c3:7d',

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
-import { attemptErrorMessage, joinAttemptErrors } from '../../../src/postclone/attempts.ts';
+import { attemptErrorMessage, joinAttemptErrors } from '../../../src/guest/attempts.ts';
 
 describe('joinAttemptErrors (lifecycle.md §2.2)', () => {
   it('numbers attempts from 1 and joins with \\n', () => {

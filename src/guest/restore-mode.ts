@@ -1,5 +1,6 @@
 /** Restore mode selection for clones (pod-to-vm.md §3.2). */
-import type { Backend, GuestOS } from './types.ts';
+import type { Backend, GuestOS } from '../contract/vm.ts';
+import { guestProfile } from './profiles.ts';
 
 export type RestoreMode = 'copy' | 'ondemand' | 'mmap';
 
@@ -34,6 +35,5 @@ export function restoreModeFor(
   configured: RestoreMode,
 ): RestoreMode | undefined {
   if (backend === 'firecracker') return undefined;
-  if (os === 'windows') return 'copy';
-  return configured;
+  return guestProfile(os).restoreMode === 'copy' ? 'copy' : configured;
 }

@@ -6,8 +6,9 @@
  * gateway); invalid input yields an error instead of a plan, so nothing a pod author writes can
  * reach `sh -c` unchecked (docs/conventions.md).
  */
-import type { Backend, GuestOS } from '../vmspec/types.ts';
-import { isCloudImageUrl, VM_NAME_PATTERN } from '../vmspec/types.ts';
+import type { Backend, GuestOS } from '../contract/vm.ts';
+import { isCloudImageUrl, VM_NAME_PATTERN } from '../contract/vm.ts';
+import { guestProfile } from './profiles.ts';
 
 /** Kind label of a fixup (metric `cocoon_vk_postclone_total{kind}`). */
 export type FixupKind = 'windows' | 'linux_fc' | 'linux_static';
@@ -26,12 +27,6 @@ export const WINDOWS_FIXUP_ARGV: readonly string[] = ['powershell', '-nop', '-c'
 
 /** The Windows hint: the same command quoted for a shell (§6.3). */
 export const WINDOWS_FIXUP_HINT = `powershell -nop -c '${WINDOWS_PNP_SCRIPT}'`;
-
-/** DHCP nudges inside a Windows guest (lifecycle.md §7.2, pod-to-vm.md §4.1). */
-export const WINDOWS_RENEW_ARGV: readonly string[] = ['cmd', '/c', 'ipconfig', '/renew'];
-export const WINDOWS_RELEASE_ARGV: readonly string[] = ['cmd', '/c', 'ipconfig', '/release'];
-export const WINDOWS_RENEW6_ARGV: readonly string[] = ['cmd', '/c', 'ipconfig', '/renew6'];
-export const WINDOWS_RELEASE6_ARGV: readonly string[] = ['cmd', '/c', 'ipconfig', '/release6'];
 
 /** A NIC as the fixup sees it (a `VmNic` from `cocoon/records.ts` fits). */
 export interface FixupNic {
@@ -62,7 +57,7 @@ export function isStaticNic(nic: FixupNic): boolean {
  */
 export function fixupKind(facts: FixupMatrixFacts): FixupKind | undefined {
   if (!facts.clonedBoot) return undefined;
-  if (facts.os === 'windows') return 'windows';
+  if (guestProfile(facts.os).fixup === 'pnp') return 'windows';
   if (facts.backend === 'firecracker') return 'linux_fc';
   if (facts.nics.some(isStaticNic)) return 'linux_static';
   return undefined;
