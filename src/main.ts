@@ -13,13 +13,14 @@ import { KubeletAuthorizer } from './kubelet/auth.ts';
 import { KubeletServer } from './kubelet/server.ts';
 import { loadOrCreateServingCert } from './kubelet/tls.ts';
 import { createLogger } from './log.ts';
-import { lifecycleMetrics } from './metrics/lifecycle.ts';
 import { createMetrics } from './metrics/registry.ts';
 import { startMetricsServer } from './metrics/server.ts';
 import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
 import { PodController } from './pods/controller.ts';
+import { PodStatusWriter } from './pods/status-writer.ts';
+import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
 import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { registryFromConfig } from './registry/client.ts';
 import { SnapshotPuller } from './registry/pull.ts';
@@ -109,7 +110,12 @@ async function main(argv: string[]): Promise<number> {
       })
     : undefined;
   if (!registry) log.info('OCI_REGISTRY is not set: clone sources must already exist locally');
+  // The framework's status writer exists before the provider, which gets it at
+  // construction: statuses published during startup are queued and written once the pod
+  // controller has listed the pods.
+  const status = new PodStatusWriter({ kube, log });
   const provider = new CocoonProvider({
+    status,
     puller,
     config,
     kube,
@@ -135,8 +141,7 @@ async function main(argv: string[]): Promise<number> {
     );
     return 1;
   }
-  const controller = new PodController({ kube, nodeName: config.nodeName, provider, events, log });
-  provider.setStatusWriter((pod) => controller.writeStatusNow(pod));
+  const controller = new PodController({ kube, nodeName: config.nodeName, provider, status, events, log });
   await controller.start();
   provider.startLoops();
 

@@ -1,6 +1,6 @@
 // Query parsing of the kubelet API routes (virtual-node.md §7). Pure; bad values are
 // reported as messages that the server answers with 400.
-import type { LogOptions } from '../provider/types.ts';
+import type { LogOptions } from './ports.ts';
 
 export type Parsed<T> = { ok: true; value: T } | { ok: false; message: string };
 

@@ -7,8 +7,8 @@ import { createServer, type Server } from 'node:https';
 import type { Duplex } from 'node:stream';
 import type { V1Pod } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
-import { type ContainerApiProvider, InvalidInputError, NotFoundError } from '../provider/types.ts';
 import type { AuthDecision } from './auth.ts';
+import { type ContainerAccess, InvalidInputError, NotFoundError } from './ports.ts';
 import { parseExecQuery, parseLogQuery, podRoute } from './queries.ts';
 import { handleSpdyExec, handleWebSocketExec } from './streams/exec-session.ts';
 
@@ -21,7 +21,7 @@ export interface KubeletServerOptions {
   clientCa: string | undefined;
   /** Authentication + authorization; `undefined` disables both (VK_KUBELET_AUTH=none). */
   authorize: ((req: IncomingMessage) => Promise<AuthDecision>) | undefined;
-  provider: ContainerApiProvider;
+  provider: ContainerAccess;
   /** `/pods`: this node's pods from the watch cache. */
   nodePods: () => V1Pod[];
   /** `/runningpods/`: the provider's pods. */
@@ -244,7 +244,7 @@ export class KubeletServer {
       }
       const { command, stdin, stdout, stderr, tty } = q.value;
       const opts = { stdin, stdout, stderr, tty, idleTimeoutMs: this.#o.streamIdleTimeoutMs };
-      const handler = (streams: Parameters<ContainerApiProvider['runInContainer']>[4]) =>
+      const handler = (streams: Parameters<ContainerAccess['runInContainer']>[4]) =>
         this.#o.provider.runInContainer(route.namespace, route.pod, route.container, command, streams);
       const upgrade = String(req.headers.upgrade ?? '').toLowerCase();
       this.#log.info({ pod: `${route.namespace}/${route.pod}`, command, transport: upgrade, tty }, 'exec');

@@ -15,7 +15,6 @@ import {
 } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
 import type { Logger } from '../log.ts';
-import type { NodeHealth } from '../provider/types.ts';
 import {
   desiredNode,
   desiredNodeStatus,
@@ -23,6 +22,7 @@ import {
   nodeLabels,
   PROVIDER_TAINT_KEY,
 } from './node-object.ts';
+import type { NodeHealth } from './ports.ts';
 
 const LEASE_NAMESPACE = 'kube-node-lease';
 const LEASE_DURATION_SECONDS = 40;

@@ -12,28 +12,22 @@ import {
   type V1Secret,
   Watch,
 } from '@kubernetes/client-node';
-import {
-  apiErrorMessage,
-  apiStatus,
-  type Kube,
-  POD_WRITE_TIMEOUT_MS,
-  strategicMergePatch,
-  type WriteOptions,
-  withSignal,
-} from '../kube/client.ts';
+import { apiErrorMessage, apiStatus, type Kube } from '../kube/client.ts';
 import type { EventSink } from '../kube/events.ts';
 import type { Logger } from '../log.ts';
-import { NotFoundError, type PodProvider } from '../provider/types.ts';
 import { monoNow } from '../util/mono-clock.ts';
 import { WorkQueue } from '../util/work-queue.ts';
 import { type Dependency, type EnvSources, resolvePodEnv } from './env.ts';
 import { handledFingerprint, providerRelevant } from './fingerprint.ts';
-import { buildStatusPatch, statusSignature } from './status-patch.ts';
+import { NotFoundError, type PodLifecycleHandler } from './ports.ts';
+import { PodStatusWriter } from './status-writer.ts';
 
 export interface PodControllerOptions {
   kube: Kube;
   nodeName: string;
-  provider: PodProvider;
+  provider: PodLifecycleHandler;
+  /** The status writer the provider was constructed with (one per process). */
+  status: PodStatusWriter;
   events: EventSink;
   log: Logger;
   /** Concurrent syncs of different pods. */
@@ -67,15 +61,11 @@ export class PodController {
   readonly #log: Logger;
   readonly #informer: ListWatch<V1Pod>;
   readonly #queue: WorkQueue;
-  readonly #statusQueue: WorkQueue;
+  readonly #status: PodStatusWriter;
   /** Pod version whose sync failed, and when its backoff retry is due, per key. */
   readonly #failedSync = new Map<string, { fp: string; retryAt: number }>();
   /** Fingerprint of the pod version the last successful sync handled, per key. */
   readonly #handled = new Map<string, string>();
-  /** Latest status the provider published, not yet written, per key. */
-  readonly #pendingStatus = new Map<string, V1Pod>();
-  /** Last status written per key (uid + JSON), for de-duplication. */
-  readonly #written = new Map<string, { uid: string; json: string; signature: string }>();
   /** Pods held back by a missing mandatory ConfigMap/Secret: dependency → pod keys. */
   readonly #blocked = new Map<string, Set<string>>();
   readonly #depWatches = new Map<string, ListWatch<V1ConfigMap | V1Secret>>();
@@ -87,6 +77,7 @@ export class PodController {
   constructor(opts: PodControllerOptions) {
     this.#o = { workers: 64, resyncMs: 60_000, ...opts };
     this.#log = opts.log.child({ module: 'pod-controller' });
+    this.#status = opts.status;
     const fieldSelector = `spec.nodeName=${opts.nodeName}`;
     const list = () => opts.kube.core.listPodForAllNamespaces({ fieldSelector }) as Promise<V1PodList>;
     this.#informer = new ListWatch<V1Pod>(
@@ -100,7 +91,7 @@ export class PodController {
     const enqueue = (pod: V1Pod) => {
       const key = keyOf(pod);
       this.#queue.add(key);
-      if (this.#pendingStatus.has(key)) this.#statusQueue.add(key);
+      this.#status.podChanged(key);
     };
     this.#informer.on('add', enqueue);
     this.#informer.on('update', enqueue);
@@ -113,14 +104,6 @@ export class PodController {
     this.#queue = new WorkQueue((key) => this.#sync(key), { concurrency: this.#o.workers });
     this.#queue.onError = (key, err, attempt) =>
       this.#log.warn({ pod: key, attempt, err: errText(err) }, 'pod sync failed; retrying with backoff');
-    this.#statusQueue = new WorkQueue((key) => this.#writeStatus(key), {
-      concurrency: 16,
-      baseDelayMs: 200,
-      maxDelayMs: 30_000,
-    });
-    this.#statusQueue.onError = (key, err) =>
-      this.#log.warn({ pod: key, err: errText(err) }, 'status write failed; retrying');
-    opts.provider.notifyPods((pod) => this.#onProviderStatus(pod));
   }
 
   async #startInformer(): Promise<void> {
@@ -137,6 +120,8 @@ export class PodController {
   async start(): Promise<void> {
     await this.#informer.start();
     this.#synced = true;
+    // Statuses the provider published before now (startup reconcile) are written from here.
+    this.#status.start((key) => this.cached(key));
     // Dangling sweep (§4.5): the list is node-scoped, so only this node's pods count.
     for (const pod of this.#o.provider.getPods()) {
       const key = keyOf(pod);
@@ -174,7 +159,7 @@ export class PodController {
     clearInterval(this.#resyncTimer);
     clearTimeout(this.#informerRestart);
     this.#queue.stop();
-    this.#statusQueue.stop();
+    this.#status.stop();
     await this.#informer.stop().catch(() => {});
     for (const w of this.#depWatches.values()) await w.stop().catch(() => {});
   }
@@ -182,7 +167,7 @@ export class PodController {
   /** Resolves when no sync is queued or running (tests and shutdown). */
   async idle(): Promise<void> {
     await this.#queue.idle();
-    await this.#statusQueue.idle();
+    await this.#status.idle();
   }
 
   #resync(): void {
@@ -200,11 +185,7 @@ export class PodController {
         isTerminalPhase(pod.status?.phase)
       )
         continue;
-      if (statusSignature(pod.status) !== statusSignature(want)) {
-        this.#written.delete(key);
-        this.#pendingStatus.set(key, { ...tracked, status: want });
-        this.#statusQueue.add(key);
-      }
+      if (PodStatusWriter.drifted(pod.status, want)) this.#status.reassert({ ...tracked, status: want });
     }
   }
 
@@ -349,7 +330,7 @@ export class PodController {
       })),
     };
     try {
-      await this.#patchStatus(pod, status);
+      await this.#status.patch(pod, status);
     } catch (err) {
       this.#log.debug(
         { pod: keyOf(pod), err: errText(err) },
@@ -369,7 +350,7 @@ export class PodController {
       message,
     };
     try {
-      await this.#patchStatus(pod, status);
+      await this.#status.patch(pod, status);
     } catch (e) {
       this.#log.debug({ pod: keyOf(pod), err: errText(e) }, 'create-failure status write failed');
     }
@@ -378,8 +359,7 @@ export class PodController {
   #forget(key: string): void {
     this.#handled.delete(key);
     this.#failedSync.delete(key);
-    this.#pendingStatus.delete(key);
-    this.#written.delete(key);
+    this.#status.forget(key);
     this.#unblock(key);
   }
 
@@ -462,93 +442,6 @@ export class PodController {
       .catch((err: unknown) =>
         this.#log.warn({ err: apiErrorMessage(err), watch: wk }, 'dependency watch failed'),
       );
-  }
-
-  // ---- status -------------------------------------------------------------------------
-
-  #onProviderStatus(pod: V1Pod): void {
-    if (this.#stopped) return;
-    const key = keyOf(pod);
-    this.#pendingStatus.set(key, pod);
-    this.#statusQueue.add(key);
-  }
-
-  async #writeStatus(key: string): Promise<void> {
-    const want = this.#pendingStatus.get(key);
-    if (!want?.status) return;
-    const live = this.cached(key);
-    // Not in the cache yet (startup race, pitfall 3): keep it pending; the watch event
-    // that brings the pod re-queues this key.
-    if (!live) return;
-    if (live.metadata?.uid !== want.metadata?.uid) {
-      this.#pendingStatus.delete(key);
-      return;
-    }
-    if (isTerminalPhase(live.status?.phase)) {
-      this.#pendingStatus.delete(key);
-      return;
-    }
-    const uid = want.metadata?.uid ?? '';
-    const json = JSON.stringify(want.status);
-    const last = this.#written.get(key);
-    if (last && last.uid === uid && last.json === json) {
-      if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
-      return;
-    }
-    try {
-      await this.#patchStatus(want, want.status);
-    } catch (err) {
-      const code = apiStatus(err);
-      if (code === 404 || code === 409 || code === 422) {
-        // Gone or superseded by another incarnation: drop, never retry.
-        if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
-        return;
-      }
-      throw err;
-    }
-    this.#written.set(key, { uid, json, signature: statusSignature(want.status) });
-    if (this.#pendingStatus.get(key) === want) this.#pendingStatus.delete(key);
-  }
-
-  /** One status patch, bounded: the token wait by the write limiter's bound, the request by
-   * POD_WRITE_TIMEOUT_MS (a black-holed connection cannot hold the status queue). */
-  async #patchStatus(pod: V1Pod, status: V1PodStatus, opts: WriteOptions = {}): Promise<void> {
-    const namespace = pod.metadata?.namespace ?? '';
-    const name = pod.metadata?.name ?? '';
-    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
-    await this.#o.kube.write(
-      (signal) =>
-        this.#o.kube.core.patchNamespacedPodStatus(
-          { name, namespace, body },
-          withSignal(signal, strategicMergePatch),
-        ),
-      { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts },
-    );
-  }
-
-  /** Writes a pod's status now (used by the provider for ordered publications, R8): the
-   * lifecycle patch's retry policy (3 attempts, 500 ms apart, 5 s each; 404/409/422 are
-   * rethrown at once), ahead of waiting normal-priority writes. */
-  async writeStatusNow(pod: V1Pod): Promise<void> {
-    const status = pod.status;
-    if (!status) return;
-    const namespace = pod.metadata?.namespace ?? '';
-    const name = pod.metadata?.name ?? '';
-    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
-    await this.#o.kube.writeRetrying(
-      (signal) =>
-        this.#o.kube.core.patchNamespacedPodStatus(
-          { name, namespace, body },
-          withSignal(signal, strategicMergePatch),
-        ),
-      { priority: 'high' },
-    );
-    const key = keyOf(pod);
-    this.#written.set(key, {
-      uid: pod.metadata?.uid ?? '',
-      json: JSON.stringify(pod.status),
-      signature: statusSignature(pod.status),
-    });
   }
 }
 

@@ -4,7 +4,7 @@
 // second index that could drift from them).
 import type { V1Pod } from '@kubernetes/client-node';
 import { MANAGED, VM_ID, VM_NAME } from '../../contract/annotations.ts';
-import type { PodRecord } from './record.ts';
+import type { PodRecord } from './state.ts';
 
 /** A full cocoon VM ID: 26 characters of the RFC 4648 base32 alphabet. */
 export function isVmId(value: string): boolean {

@@ -1,37 +1,23 @@
-// Shared state and the write paths of the cocoon provider: staging and flushing the
-// lifecycle intent (lifecycle.md §4, R1–R9), provider-owned annotation patches, status
-// publication, and failOp (§8). Every function here is called from inside the pod's
-// queue (§10.7, single writer).
-import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
+// The provider's context: its dependencies and the shared tables every operation works on
+// (tracked records, per-pod queue, orphan index, probes, retry timers), plus the read-only
+// helpers all of them use. The write paths live in publication.ts; records change only
+// through the mutators of state.ts.
+import type { V1Pod } from '@kubernetes/client-node';
+import type { VmRecord } from '../../cocoon/records.ts';
 import type { CocoonCli } from '../../cocoon/runner.ts';
 import type { Config } from '../../config/env.ts';
-import {
-  EVENT_MESSAGE_MAX_BYTES,
-  GENERATION,
-  LIFECYCLE_STATE_MESSAGE,
-  type LifecycleState,
-  parseGeneration,
-  VM_ID,
-  VM_IP,
-} from '../../contract/annotations.ts';
-import { apiErrorMessage, apiStatus, type Kube, mergePatch, withSignal } from '../../kube/client.ts';
+import { GENERATION, parseGeneration } from '../../contract/annotations.ts';
+import type { Kube } from '../../kube/client.ts';
 import type { EventSink } from '../../kube/events.ts';
-import {
-  buildLifecyclePatch,
-  comparisonKey,
-  isUnflushed,
-  lifecycleAnnotations,
-  markFlushed,
-  stage,
-} from '../../lifecycle/intent.ts';
-import { computePodStatus } from '../../lifecycle/status.ts';
 import type { Logger } from '../../log.ts';
-import { type LeaseFile, resolveIp } from '../../net/leases.ts';
+import type { LeaseFile } from '../../net/leases.ts';
+import type { PodStatusSink } from '../../pods/ports.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
-import { monoNow, wallAt } from '../../util/mono-clock.ts';
-import { truncateUtf8 } from '../../util/text.ts';
+import { decodeVMSpec } from '../../vmspec/decode.ts';
+import type { SnapshotPuller } from './bringup.ts';
 import type { LifecycleMetrics } from './metrics.ts';
-import { applyAnnotations, type PodRecord } from './record.ts';
+import type { ProbeAgent } from './probe-agent.ts';
+import type { PodRecord } from './state.ts';
 
 export interface ProviderDeps {
   config: Config;
@@ -42,20 +28,30 @@ export interface ProviderDeps {
   leases: LeaseFile;
   log: Logger;
   nodeIP: string;
-  /** Provider-lifetime signal: shutdown aborts background jobs (§10.6). */
+  /** Provider-lifetime signal: shutdown aborts background jobs. */
   lifetime: AbortSignal;
+  /** The framework's status writer, given at construction. */
+  status: PodStatusSink;
+  /** Clone-source pulls from the registry; unset without `OCI_REGISTRY`. */
+  puller?: SnapshotPuller;
 }
 
 export interface ProviderContext extends ProviderDeps {
   pods: Map<string, PodRecord>;
   queue: KeyedQueue;
-  /** Writes a pod's status now (R8: status with podIP before the ready annotation). */
-  writeStatus: (pod: V1Pod) => Promise<void>;
-  notify: (pod: V1Pod) => void;
   /** Enqueues a readiness reconcile for the key (never runs it inline). */
   reconcileSoon: (key: string) => void;
-  /** When startup reconcile finished (t0 lower bound, §10.1), monotonic ms. */
+  /** Starts (or restarts) the probe of a pod with a VM. */
+  startProbe: (rec: PodRecord) => void;
+  /** Starts a new bring-up of a record whose transient create failure is due for a retry. */
+  retryCreate: (rec: PodRecord) => void;
+  /** When startup reconcile finished (t0 lower bound of the ready deadline), monotonic ms. */
   startupDoneAt: number;
+  /** VMs no pod holds, by VM name, for adoption by the next CreatePod with that name. */
+  orphansByName: Map<string, VmRecord>;
+  probes: Map<string, ProbeAgent>;
+  /** Automatic retries of transient create failures, by pod key. */
+  retryTimers: Map<string, NodeJS.Timeout>;
 }
 
 export function generationOf(pod: V1Pod): bigint {
@@ -66,246 +62,16 @@ export function logFor(ctx: ProviderContext, rec: PodRecord): Logger {
   return ctx.log.child({ pod: rec.key, vm: rec.spec?.vmName ?? rec.vm?.name, vmId: rec.vm?.id });
 }
 
+/** The decoded VMSpec of a pod (errors name the annotation key). */
+export function decodeSpec(pod: V1Pod) {
+  return decodeVMSpec(pod.metadata?.annotations, {
+    namespace: pod.metadata?.namespace,
+    ownerReferences: pod.metadata?.ownerReferences,
+    containers: pod.spec?.containers,
+  });
+}
+
 /** True while `rec` is still the tracked incarnation (R2/R9 guard, part 1). */
 export function isCurrent(ctx: ProviderContext, rec: PodRecord): boolean {
   return ctx.pods.get(rec.key) === rec && !rec.deleting;
-}
-
-export type PatchOutcome = 'ok' | 'superseded' | 'failed';
-
-/** A UID-fenced JSON merge patch of provider-owned annotations: 3 attempts, 500 ms apart,
- * 5 s each, every attempt cancelled at its bound (Kube.writeRetrying). 404/409/422 mean
- * another incarnation owns the name now (R2): superseded. */
-export async function patchAnnotations(
-  ctx: ProviderContext,
-  rec: PodRecord,
-  annotations: Record<string, string | null>,
-): Promise<PatchOutcome> {
-  const namespace = rec.pod.metadata?.namespace ?? '';
-  const name = rec.pod.metadata?.name ?? '';
-  const body = { metadata: { uid: rec.uid, annotations } };
-  try {
-    const res = await ctx.kube.writeRetrying((signal) =>
-      ctx.kube.core.patchNamespacedPod({ namespace, name, body }, withSignal(signal, mergePatch)),
-    );
-    rec.lastWriteRV = res.metadata?.resourceVersion;
-    return 'ok';
-  } catch (err) {
-    const code = apiStatus(err);
-    if (code === 404 || code === 409 || code === 422) return 'superseded';
-    logFor(ctx, rec).warn(
-      { err: apiErrorMessage(err), keys: Object.keys(annotations) },
-      'annotation patch failed; will retry on the next tick',
-    );
-    return 'failed';
-  }
-}
-
-/** Re-reads the lease file and updates the record's IP (R9: only for the same VM ID). */
-export async function refreshIp(ctx: ProviderContext, rec: PodRecord): Promise<boolean> {
-  if (!rec.vm) return false;
-  const snapshot = await ctx.leases.read();
-  // Lease expiry is wall-clock time written by cocoon-net: compared with wall time.
-  const { ip } = resolveIp(rec.vm, snapshot, Date.now(), rec.ip);
-  if (ip === rec.ip) return false;
-  rec.ip = ip;
-  return true;
-}
-
-/** Computes the pod status from the record (lifecycle.md §5), with an optional staged state. */
-export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: LifecycleState): V1PodStatus {
-  const status = computePodStatus({
-    vm: rec.vm ? { ip: rec.ip } : undefined,
-    lifecycle: lifecycle ?? rec.intent?.state ?? '',
-    probeReady: rec.probeReady,
-    hostIP: ctx.nodeIP,
-    startTime: rec.startTime,
-    image: rec.pod.spec?.containers?.[0]?.image ?? '',
-    termination: rec.termination,
-    waitingReason: rec.vm ? undefined : 'ContainerCreating',
-    previous: rec.lastStatus,
-    now: new Date(),
-  });
-  rec.lastStatus = status;
-  const out = status as unknown as V1PodStatus;
-  const step = readinessCondition(ctx, rec, lifecycle ?? rec.intent?.state ?? '');
-  if (step) out.conditions = [...(out.conditions ?? []), step];
-  return out;
-}
-
-/** TS addition: the readiness step and deadline as a pod condition, so operators see what a
- * `creating` pod is waiting for and when it would be failed (issue: expose the deadline). */
-function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: LifecycleState | '') {
-  if (!rec.spec?.managed) return undefined;
-  const retry = rec.createFailure;
-  if (!rec.vm && retry?.transient && retry.retryAt !== undefined && state !== 'failed') {
-    const giveUp = wallAt(retry.firstAt + ctx.config.readyDeadlineSeconds * 1000).toISOString();
-    return {
-      type: 'vm.cocoonstack.io/Readiness',
-      status: 'False',
-      reason: 'CreateBackoff',
-      message: `step CreateBackoff; attempt ${retry.attempts} failed: ${truncateUtf8(retry.message, 512)}; next retry ${wallAt(retry.retryAt).toISOString()}; gives up at ${giveUp}`,
-    };
-  }
-  if (!rec.vm) return undefined;
-  const t0 = Math.max(rec.boundAt ?? monoNow(), ctx.startupDoneAt);
-  const deadline = wallAt(t0 + ctx.config.readyDeadlineSeconds * 1000).toISOString();
-  if (state === 'ready') {
-    return {
-      type: 'vm.cocoonstack.io/Readiness',
-      status: 'True',
-      reason: 'Ready',
-      message: 'lifecycle ready',
-    };
-  }
-  if (state === 'failed') {
-    return {
-      type: 'vm.cocoonstack.io/Readiness',
-      status: 'False',
-      reason: 'Failed',
-      message: rec.intent?.message ?? '',
-    };
-  }
-  const step = rec.step?.name ?? 'Starting';
-  return {
-    type: 'vm.cocoonstack.io/Readiness',
-    status: 'False',
-    reason: step,
-    message: `step ${step}; ready deadline ${deadline}`,
-  };
-}
-
-/** Publishes the current status through the controller's status writer (async, deduped). */
-export function publish(ctx: ProviderContext, rec: PodRecord): void {
-  if (!isCurrent(ctx, rec) && !rec.termination) return;
-  ctx.notify({ ...rec.pod, status: statusOf(ctx, rec) });
-}
-
-/** Stages a lifecycle state (R1, R3, R4) and updates the tracked copy's annotations.
- * Returns false when the engine refused it (stale write or sticky failed). */
-export function stageLifecycle(
-  ctx: ProviderContext,
-  rec: PodRecord,
-  state: LifecycleState,
-  message = '',
-): boolean {
-  // The generation we publish never goes down: a pod whose generation annotation went down,
-  // vanished or stopped parsing is published at the intent's generation, so no decision can
-  // be refused as stale (R3 guards against stale copies; ours is always the newest).
-  const podGen = generationOf(rec.pod);
-  const held = rec.intent?.uid === rec.uid ? rec.intent.generation : 0n;
-  if (podGen < held && !rec.generationWentDown) {
-    rec.generationWentDown = true;
-    logFor(ctx, rec).warn(
-      { podGeneration: String(podGen), observedGeneration: String(held) },
-      'cocoonset generation went down or stopped parsing; publishing at the observed generation',
-    );
-  }
-  const gen = podGen > held ? podGen : held;
-  const res = stage(rec.intent, { uid: rec.uid, state, generation: gen, message }, gen);
-  if (!res.accepted) {
-    logFor(ctx, rec).debug({ state, reason: res.reason }, 'lifecycle stage refused');
-    return false;
-  }
-  rec.intent = res.record;
-  applyAnnotations(rec, {
-    ...lifecycleAnnotations(res.record),
-    [LIFECYCLE_STATE_MESSAGE]: res.record.message || null,
-  });
-  return true;
-}
-
-/** Flushes an unflushed intent. A `ready` intent goes through R8: status first, and the
- * annotation only after the status write succeeded. */
-export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise<PatchOutcome> {
-  const intent = rec.intent;
-  if (!intent || !isUnflushed(intent)) return 'ok';
-  if (intent.state === 'ready' && rec.clonedBoot && rec.vm) {
-    // A re-flush after a failed status write: the lease may have gone meanwhile. Never
-    // publish ready without an IP: step back to creating (the reconcile waits again).
-    await refreshIp(ctx, rec);
-    if (!rec.ip) {
-      logFor(ctx, rec).warn('the IP went away before ready was published; waiting for a lease again');
-      stageLifecycle(ctx, rec, 'creating');
-      return 'failed';
-    }
-  }
-  if (intent.state === 'ready') {
-    try {
-      await ctx.writeStatus({ ...rec.pod, status: statusOf(ctx, rec, 'ready') });
-    } catch (err) {
-      const code = apiStatus(err);
-      if (code === 404 || code === 409 || code === 422) return 'superseded';
-      logFor(ctx, rec).warn({ err: apiErrorMessage(err) }, 'status write before ready failed; will retry');
-      return 'failed';
-    }
-  }
-  const patch = buildLifecyclePatch(rec.uid, intent);
-  // The runtime annotations ride along: if the bind patch was lost (API outage), the id
-  // and ip still reach the apiserver with the decision.
-  const extra: Record<string, string | null> = {};
-  if (rec.vm && rec.spec?.managed) extra[VM_ID] = rec.vm.id;
-  if (intent.state === 'ready') extra[VM_IP] = rec.ip || null;
-  const outcome = await patchAnnotations(ctx, rec, { ...patch.metadata.annotations, ...extra });
-  if (outcome === 'ok' && rec.intent === intent) rec.intent = markFlushed(intent, comparisonKey(intent));
-  if (outcome === 'superseded') {
-    logFor(ctx, rec).info('lifecycle write superseded by another incarnation; dropping intent');
-  }
-  if (outcome === 'ok') {
-    logFor(ctx, rec).info(
-      { state: intent.state, generation: String(intent.generation), message: intent.message || undefined },
-      'lifecycle published',
-    );
-    publish(ctx, rec);
-  }
-  return outcome;
-}
-
-/** Emits a Warning once per (VM ID, reason) (§10.8). */
-export function warnOnce(ctx: ProviderContext, rec: PodRecord, reason: string, message: string): void {
-  const vmId = rec.vm?.id ?? '';
-  if (rec.progress && rec.progress.vmId === vmId) {
-    if (rec.progress.warned.has(reason)) return;
-    rec.progress.warned.add(reason);
-  }
-  ctx.events.event(rec.pod, 'Warning', reason, truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
-}
-
-/** failOp (§8): counter, Warning `<op>: <error>`, stage `failed` with the error text, flush. */
-export async function failOp(
-  ctx: ProviderContext,
-  rec: PodRecord,
-  op: 'create' | 'update' | 'delete',
-  reason: string,
-  message: string,
-): Promise<void> {
-  ctx.metrics.podLifecycle(op, 'failed', reason);
-  warnOnce(ctx, rec, reason, `${op}: ${message}`);
-  logFor(ctx, rec).warn({ op, reason, err: message }, 'lifecycle failed');
-  if (stageLifecycle(ctx, rec, 'failed', message)) {
-    rec.step = { name: 'Failed', since: monoNow() };
-    await flushIntent(ctx, rec);
-  }
-  publish(ctx, rec);
-}
-
-/** The pod's lifecycle annotations differ from our intent (a stale copy came back, R6):
- * mark it unflushed so the next flush re-asserts it. */
-export function reassertIfStale(
-  rec: PodRecord,
-  incoming: Record<string, string> | undefined,
-  incomingRV?: string,
-): void {
-  const intent = rec.intent;
-  if (!intent) return;
-  // A copy older than our own last write is watch lag, not a stale writer: the newer
-  // version (ours) is already on its way. resourceVersions are etcd revisions here;
-  // when either is not a plain integer we re-assert to stay on the safe side.
-  if (incomingRV && rec.lastWriteRV && /^\d+$/.test(incomingRV) && /^\d+$/.test(rec.lastWriteRV)) {
-    if (BigInt(incomingRV) < BigInt(rec.lastWriteRV)) return;
-  }
-  const want = lifecycleAnnotations(intent);
-  const have = incoming ?? {};
-  const stale = Object.entries(want).some(([k, v]) => (have[k] ?? '') !== v);
-  if (stale) rec.intent = { ...intent, flushedKey: '' };
 }

@@ -1,12 +1,14 @@
-// The status write that must precede `ready` (PodController.writeStatusNow): bounded per
-// attempt, retried like the lifecycle patch, and ahead of waiting normal writes.
+// The status write that must precede `ready` (PodStatusWriter.writeNow): bounded per
+// attempt, retried like the lifecycle patch, and ahead of waiting normal writes; and the
+// asynchronous status queue the pod controller drives.
 import assert from 'node:assert/strict';
 import { mock, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { apiStatus, WriteAttemptsError } from '../../../src/kube/client.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { PodController } from '../../../src/pods/controller.ts';
-import type { PodProvider } from '../../../src/provider/types.ts';
+import type { PodLifecycleHandler } from '../../../src/pods/ports.ts';
+import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
 import {
   apiError,
   blackHole,
@@ -17,20 +19,15 @@ import {
 } from '../fakes/kube.ts';
 
 const provider = {
-  notifyPods: () => {},
   getPods: () => [],
   getPod: () => undefined,
   getPodStatus: () => undefined,
-} as unknown as PodProvider;
+} as unknown as PodLifecycleHandler;
 
-function controller(fake: FakeKube): PodController {
-  return new PodController({
-    kube: fake.kube,
-    nodeName: 'node-a',
-    provider,
-    events: { event: () => {} },
-    log: silentLogger,
-  });
+/** The status writer a provider is given at construction. */
+function controller(fake: FakeKube): { writeStatusNow: (pod: V1Pod) => Promise<void> } {
+  const status = new PodStatusWriter({ kube: fake.kube, log: silentLogger });
+  return { writeStatusNow: (pod) => status.writeNow(pod) };
 }
 
 const readyPod: V1Pod = {
@@ -149,17 +146,13 @@ test('the status queue gives a black-holed write up at 5 s and retries it', asyn
   };
   fake.core.on('listPodForAllNamespaces', () => ({ items: [apiPod], metadata: { resourceVersion: '5' } }));
   fake.core.on('patchNamespacedPodStatus', (_p, call) => hangUntilAborted(call));
-  let publish: (pod: V1Pod) => void = () => {};
+  const status = new PodStatusWriter({ kube: fake.kube, log: silentLogger });
+  const publish = (pod: V1Pod) => status.notify(pod);
   const c = new PodController({
     kube: fake.kube,
     nodeName: 'node-a',
-    provider: {
-      ...provider,
-      notifyPods: (cb: (pod: V1Pod) => void) => {
-        publish = cb;
-      },
-      createPod: async () => {},
-    } as unknown as PodProvider,
+    provider: { ...provider, createPod: async () => {} } as unknown as PodLifecycleHandler,
+    status,
     events: { event: () => {} },
     log: silentLogger,
   });

@@ -1,5 +1,6 @@
 // VM ownership rules (docs/decisions.md, "VM ownership") and the create-input key that
 // decides when a failed create is re-run (docs/decisions.md, "Create failures").
+
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
@@ -11,7 +12,14 @@ import {
   isVmId,
   referencedVms,
 } from '../../../src/provider/cocoon/claims.ts';
-import { createInputsKey, newRecord, type PodRecord } from '../../../src/provider/cocoon/record.ts';
+import { createInputsKey } from '../../../src/provider/cocoon/inputs.ts';
+import {
+  bindVm,
+  newRecord,
+  type PodRecord,
+  setBringingUp,
+  setSpec,
+} from '../../../src/provider/cocoon/state.ts';
 
 const pod = (name: string, annotations: Record<string, string>, created = '2026-01-01T00:00:00Z'): V1Pod => ({
   metadata: { namespace: 'ns', name, uid: `uid-${name}`, annotations, creationTimestamp: new Date(created) },
@@ -20,7 +28,7 @@ const pod = (name: string, annotations: Record<string, string>, created = '2026-
 
 function tracked(name: string, vm?: { id: string; name: string }): PodRecord {
   const rec = newRecord(`ns/${name}`, pod(name, {}), undefined);
-  if (vm) rec.vm = { ...vm, nics: [] } as unknown as VmRecord;
+  if (vm) bindVm(rec, { ...vm, nics: [] } as unknown as VmRecord, { owns: true });
   return rec;
 }
 
@@ -40,8 +48,8 @@ describe('holders', () => {
   const pods = new Map<string, PodRecord>();
   const a = tracked('a', { id: 'AAAAAAAAAAAAAAAAAAAAAAAAAA', name: 'vk-x' });
   const b = tracked('b');
-  b.bringingUp = true;
-  b.spec = { vmName: 'vk-y' } as PodRecord['spec'];
+  setBringingUp(b, true);
+  setSpec(b, { vmName: 'vk-y' } as PodRecord['spec']);
   pods.set(a.key, a);
   pods.set(b.key, b);
 
@@ -57,7 +65,7 @@ describe('holders', () => {
     assert.equal(holderOfName(pods, 'ns/c', 'vk-y'), b);
     assert.equal(holderOfName(pods, 'ns/b', 'vk-y'), undefined);
     assert.equal(holderOfName(pods, 'ns/c', ''), undefined);
-    b.bringingUp = false;
+    setBringingUp(b, false);
     assert.equal(holderOfName(pods, 'ns/c', 'vk-y'), undefined, 'a failed bring-up holds nothing');
   });
 

@@ -58,6 +58,13 @@ export function harness(
   const lifetime = new AbortController();
   const config = loadConfig({ VK_NODE_IP: '127.0.0.1', VK_LEASES_PATH: leasesPath, ...opts.env });
   const provider = new CocoonProvider({
+    status: {
+      notify: (pod) => void statuses.push(pod),
+      writeNow: async (pod) => {
+        if (opts.statusWriter) await opts.statusWriter(pod);
+        else statuses.push(pod);
+      },
+    },
     config,
     kube: kube.kube,
     cli: cocoon.cli,
@@ -69,8 +76,6 @@ export function harness(
     lifetime: lifetime.signal,
     puller: opts.puller,
   });
-  provider.notifyPods((pod) => statuses.push(pod));
-  provider.setStatusWriter(opts.statusWriter ?? (async (pod) => void statuses.push(pod)));
   return {
     provider,
     cocoon,

@@ -6,8 +6,8 @@ import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../../src/cocoon/records.ts';
 import { deriveOwedStep } from '../../../src/lifecycle/owed.ts';
 import type { ProviderContext } from '../../../src/provider/cocoon/context.ts';
-import { bindForReadiness, readinessFacts } from '../../../src/provider/cocoon/readiness.ts';
-import { newRecord } from '../../../src/provider/cocoon/record.ts';
+import { readinessFacts } from '../../../src/provider/cocoon/readiness/facts.ts';
+import { bindVm, newRecord, recordProgress } from '../../../src/provider/cocoon/state.ts';
 import { monoNow, wallAt } from '../../../src/util/mono-clock.ts';
 
 const realNow = Date.now;
@@ -23,19 +23,18 @@ function boundRecord() {
     os: 'linux',
     hibernate: false,
   } as never);
-  rec.vm = {
+  const vm = {
     id: 'AAAAAAAAAAAAAAAAAAAAAAAAAA',
     hypervisor: 'cloud-hypervisor',
     name: 'vk-p',
     nics: [{ mac: 'aa:bb:cc:dd:ee:ff' }],
   } as unknown as VmRecord;
-  rec.clonedBoot = true;
   const ctx = {
     pods: new Map([[rec.key, rec]]),
     startupDoneAt: monoNow(),
     config: { readyDeadlineSeconds: 600 },
   } as unknown as ProviderContext;
-  bindForReadiness(rec);
+  bindVm(rec, vm, { owns: true, clonedBoot: true });
   return { ctx, rec };
 }
 
@@ -50,7 +49,7 @@ test('a wall clock stepped one hour forward does not fire the ready deadline', (
 test('a wall clock stepped one hour back does not stretch the IP wait', () => {
   const { ctx, rec } = boundRecord();
   const started = monoNow() - 46_000; // the IP wait began 46 s ago (monotonic)
-  rec.progress = { ...rec.progress!, ipWaitStartedAt: started };
+  recordProgress(rec, rec.vm!.id, { ipWaitStartedAt: started });
   Date.now = () => realNow() - 3_600_000;
   const step = deriveOwedStep(readinessFacts(ctx, rec), monoNow());
   assert.equal(step.kind, 'decideFailed');

@@ -1,0 +1,164 @@
+// Pod status publication (the framework's PodStatusSink, docs/architecture.md): UID-fenced
+// strategic merge patches of `pods/<name>/status`, de-duplicated per key, retried with
+// backoff, kept pending for pods the watch cache does not hold yet, and re-asserted by the
+// controller's resync when the API copy drifted. Created before the provider and handed to
+// it at construction, so statuses produced during startup are queued and reach the API as
+// soon as the pod controller starts.
+import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
+import {
+  apiErrorMessage,
+  apiStatus,
+  type Kube,
+  POD_WRITE_TIMEOUT_MS,
+  strategicMergePatch,
+  type WriteOptions,
+  withSignal,
+} from '../kube/client.ts';
+import type { Logger } from '../log.ts';
+import { WorkQueue } from '../util/work-queue.ts';
+import type { PodStatusSink } from './ports.ts';
+import { buildStatusPatch, statusSignature } from './status-patch.ts';
+
+function keyOf(pod: V1Pod): string {
+  return `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
+}
+
+function isTerminalPhase(phase: string | undefined): boolean {
+  return phase === 'Succeeded' || phase === 'Failed';
+}
+
+export class PodStatusWriter implements PodStatusSink {
+  readonly #kube: Kube;
+  readonly #log: Logger;
+  readonly #queue: WorkQueue;
+  /** Latest status the provider published, not yet written, per key. */
+  readonly #pending = new Map<string, V1Pod>();
+  /** Last status written per key (uid + JSON), for de-duplication. */
+  readonly #written = new Map<string, { uid: string; json: string }>();
+  /** The watch cache; until the controller starts, statuses only accumulate. */
+  #live: ((key: string) => V1Pod | undefined) | undefined;
+  #stopped = false;
+
+  constructor(opts: { kube: Kube; log: Logger }) {
+    this.#kube = opts.kube;
+    this.#log = opts.log.child({ module: 'pod-status' });
+    this.#queue = new WorkQueue((key) => this.#write(key), {
+      concurrency: 16,
+      baseDelayMs: 200,
+      maxDelayMs: 30_000,
+    });
+    this.#queue.onError = (key, err) =>
+      this.#log.warn({ pod: key, err: errText(err) }, 'status write failed; retrying');
+  }
+
+  /** Starts writing against the watch cache (the pod controller calls this once it listed). */
+  start(live: (key: string) => V1Pod | undefined): void {
+    this.#live = live;
+    for (const key of this.#pending.keys()) this.#queue.add(key);
+  }
+
+  stop(): void {
+    this.#stopped = true;
+    this.#queue.stop();
+  }
+
+  idle(): Promise<void> {
+    return this.#queue.idle();
+  }
+
+  notify(pod: V1Pod): void {
+    if (this.#stopped) return;
+    const key = keyOf(pod);
+    this.#pending.set(key, pod);
+    if (this.#live) this.#queue.add(key);
+  }
+
+  /** The watch brought a newer copy of the pod: a pending status may be writable now. */
+  podChanged(key: string): void {
+    if (this.#live && this.#pending.has(key)) this.#queue.add(key);
+  }
+
+  /** The API copy drifted from what the provider wants (resync): write it again. */
+  reassert(pod: V1Pod): void {
+    const key = keyOf(pod);
+    this.#written.delete(key);
+    this.notify(pod);
+  }
+
+  forget(key: string): void {
+    this.#pending.delete(key);
+    this.#written.delete(key);
+  }
+
+  async #write(key: string): Promise<void> {
+    const want = this.#pending.get(key);
+    if (!want?.status) return;
+    const live = this.#live?.(key);
+    // Not in the cache yet (startup race): keep it pending; the watch event that brings the
+    // pod calls podChanged.
+    if (!live) return;
+    const done = () => {
+      if (this.#pending.get(key) === want) this.#pending.delete(key);
+    };
+    if (live.metadata?.uid !== want.metadata?.uid || isTerminalPhase(live.status?.phase)) return done();
+    const uid = want.metadata?.uid ?? '';
+    const json = JSON.stringify(want.status);
+    const last = this.#written.get(key);
+    if (last && last.uid === uid && last.json === json) return done();
+    try {
+      await this.patch(want, want.status);
+    } catch (err) {
+      const code = apiStatus(err);
+      // Gone or superseded by another incarnation: drop, never retry.
+      if (code === 404 || code === 409 || code === 422) return done();
+      throw err;
+    }
+    this.#written.set(key, { uid, json });
+    done();
+  }
+
+  /** One status patch, bounded: the token wait by the write limiter's bound, the request by
+   * POD_WRITE_TIMEOUT_MS (a black-holed connection cannot hold the status queue). */
+  async patch(pod: V1Pod, status: V1PodStatus, opts: WriteOptions = {}): Promise<void> {
+    const namespace = pod.metadata?.namespace ?? '';
+    const name = pod.metadata?.name ?? '';
+    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
+    await this.#kube.write(
+      (signal) =>
+        this.#kube.core.patchNamespacedPodStatus(
+          { name, namespace, body },
+          withSignal(signal, strategicMergePatch),
+        ),
+      { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts },
+    );
+  }
+
+  /** Writes a status now (ordered publications: status with podIP before `ready`): the
+   * lifecycle patch's retry policy (3 attempts, 500 ms apart, 5 s each; 404/409/422 are
+   * rethrown at once), ahead of waiting normal-priority writes. */
+  async writeNow(pod: V1Pod): Promise<void> {
+    const status = pod.status;
+    if (!status) return;
+    const namespace = pod.metadata?.namespace ?? '';
+    const name = pod.metadata?.name ?? '';
+    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
+    await this.#kube.writeRetrying(
+      (signal) =>
+        this.#kube.core.patchNamespacedPodStatus(
+          { name, namespace, body },
+          withSignal(signal, strategicMergePatch),
+        ),
+      { priority: 'high' },
+    );
+    this.#written.set(keyOf(pod), { uid: pod.metadata?.uid ?? '', json: JSON.stringify(status) });
+  }
+
+  /** True when the API copy's status differs from `want` in what a status write sets. */
+  static drifted(api: V1PodStatus | undefined, want: V1PodStatus): boolean {
+    return statusSignature(api) !== statusSignature(want);
+  }
+}
+
+function errText(err: unknown): string {
+  return err instanceof Error ? apiErrorMessage(err) : String(err);
+}

@@ -1,0 +1,115 @@
+// The provider's background loops: the readiness reconcile scheduler (one queued reconcile
+// per pod, coalesced), the periodic lifecycle tick, the lease-file watch and the per-pod
+// probes. Each only enqueues work in the pod's queue.
+import { watch as watchFs } from 'node:fs';
+import { dirname } from 'node:path';
+import { isCurrent, logFor, type ProviderContext } from './context.ts';
+import { ProbeAgent } from './probe-agent.ts';
+import { publish, refreshIp } from './publication.ts';
+import { supersedeJobs } from './readiness/jobs.ts';
+import { reconcile } from './readiness/reconcile.ts';
+import { type PodRecord, setProbeReady } from './state.ts';
+
+export class Loops {
+  readonly #ctx: ProviderContext;
+  readonly #pending = new Set<string>();
+  #tick: NodeJS.Timeout | undefined;
+  #leaseWatch: ReturnType<typeof watchFs> | undefined;
+  #leaseDebounce: NodeJS.Timeout | undefined;
+  #stopped = false;
+
+  constructor(ctx: ProviderContext) {
+    this.#ctx = ctx;
+  }
+
+  /** Enqueues one readiness reconcile for the key (coalesced while one is already queued). */
+  reconcileSoon(key: string): void {
+    // After shutdown nothing is re-derived: a job ended by the lifetime signal would
+    // otherwise start the same job again at once, forever (the next process re-derives).
+    if (this.#ctx.lifetime.aborted || this.#stopped) return;
+    if (this.#pending.has(key)) return;
+    this.#pending.add(key);
+    void this.#ctx.queue
+      .run(key, async () => {
+        this.#pending.delete(key);
+        await reconcile(this.#ctx, key);
+      })
+      .catch((err: unknown) =>
+        this.#ctx.log.warn({ pod: key, err: String(err) }, 'readiness reconcile failed'),
+      );
+  }
+
+  /** Starts the lifecycle tick and the lease-file watch. Call after startup reconcile. */
+  start(): void {
+    const ctx = this.#ctx;
+    this.#tick = setInterval(() => {
+      for (const key of ctx.pods.keys()) this.reconcileSoon(key);
+    }, ctx.config.reconcileIntervalSeconds * 1000);
+    this.#tick.unref();
+    try {
+      const file = ctx.leases.path;
+      this.#leaseWatch = watchFs(dirname(file), { persistent: false }, (_ev, name) => {
+        if (name && !file.endsWith(String(name))) return;
+        clearTimeout(this.#leaseDebounce);
+        this.#leaseDebounce = setTimeout(() => this.#onLeaseChange(), 20);
+      });
+      this.#leaseWatch.on('error', () => {});
+    } catch (err) {
+      ctx.log.warn(
+        { err: String(err), path: ctx.leases.path },
+        'cannot watch the lease file directory; relying on polling',
+      );
+    }
+  }
+
+  stop(): void {
+    const ctx = this.#ctx;
+    this.#stopped = true;
+    clearInterval(this.#tick);
+    clearTimeout(this.#leaseDebounce);
+    this.#leaseWatch?.close();
+    for (const p of ctx.probes.values()) p.stop();
+    for (const t of ctx.retryTimers.values()) clearTimeout(t);
+    ctx.retryTimers.clear();
+    for (const rec of ctx.pods.values()) supersedeJobs(rec, 'provider shutting down');
+  }
+
+  /** A lease-file change matters at once only to pods still waiting for a decision; IP
+   * changes of decided pods are picked up by the periodic tick (a burst of N lease writes
+   * would otherwise cost N × pods reconciles). */
+  #onLeaseChange(): void {
+    for (const rec of this.#ctx.pods.values()) {
+      const state = rec.intent?.state ?? '';
+      if (rec.vm && (state === '' || state === 'creating')) this.reconcileSoon(rec.key);
+    }
+  }
+
+  /** Starts (or restarts) the probe of a pod with a VM; transitions run in the pod's queue. */
+  startProbe(rec: PodRecord): void {
+    const ctx = this.#ctx;
+    ctx.probes.get(rec.key)?.stop();
+    const agent = new ProbeAgent({
+      target: () => (isCurrent(ctx, rec) && rec.vm ? { ip: rec.ip, port: rec.spec?.probePort } : undefined),
+      onTransition: (ready) => {
+        void ctx.queue
+          .run(rec.key, async () => {
+            if (!isCurrent(ctx, rec)) return;
+            setProbeReady(rec, ready);
+            await refreshIp(ctx, rec);
+            publish(ctx, rec);
+            this.reconcileSoon(rec.key);
+          })
+          .catch((err: unknown) =>
+            ctx.log.warn({ pod: rec.key, err: String(err) }, 'probe transition failed'),
+          );
+      },
+      refreshIp: async () => {
+        await refreshIp(ctx, rec);
+      },
+      onDuration: (s) => ctx.metrics.probeDuration(rec.pod.metadata?.namespace ?? '', s),
+      log: logFor(ctx, rec),
+    });
+    ctx.probes.set(rec.key, agent);
+    agent.start();
+  }
+}

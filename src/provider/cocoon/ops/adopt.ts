@@ -1,0 +1,108 @@
+// Adopting a VM that already exists instead of creating one (docs/decisions.md, "VM
+// ownership"): an unmanaged pod's pre-written VM, a kept orphan with the pod's VM name, and
+// the VM of a bring-up that failed after the VM was made. A VM another pod holds is never
+// adopted.
+
+import type { VmRecord } from '../../../cocoon/records.ts';
+import { CocoonCommandError } from '../../../cocoon/runner.ts';
+import { VM_ID, VM_IP } from '../../../contract/annotations.ts';
+import { truncateUtf8 } from '../../../util/text.ts';
+import type { VMSpec } from '../../../vmspec/decode.ts';
+import { isClonedBootSpec } from '../../../vmspec/decode.ts';
+import { inspectVm, inspectWithRetry, SettleError } from '../bringup.ts';
+import { holderOfVm, isVmId } from '../claims.ts';
+import { logFor, type ProviderContext } from '../context.ts';
+import { flushIntent, publish, stageLifecycle } from '../publication.ts';
+import { bindVm, type PodRecord, setIp, setProbeReady } from '../state.ts';
+import { bind } from './bind.ts';
+import { createFailed } from './failure.ts';
+
+/** An unmanaged pod names its VM in `vm.cocoonstack.io/id`, written by its operator. That
+ * is pod-authored input: only a full VM ID of a VM on this host that no other pod holds is
+ * accepted; the VM is never touched. */
+export async function adoptUnmanaged(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<void> {
+  const ann = rec.pod.metadata?.annotations ?? {};
+  const id = ann[VM_ID] ?? '';
+  const ip = ann[VM_IP] ?? '';
+  const fail = (message: string, transient = false) =>
+    createFailed(
+      ctx,
+      rec,
+      'CreateBringUpFailed',
+      `unmanaged vm ${spec.vmName || rec.key}: ${message}`,
+      transient,
+    );
+  if (!id || !ip)
+    return await fail('missing pre-assigned IP/VMID (vm.cocoonstack.io/id and vm.cocoonstack.io/ip)');
+  if (!isVmId(id)) {
+    return await fail(
+      `vm.cocoonstack.io/id must be a full 26-character cocoon VM ID, got ${JSON.stringify(truncateUtf8(id, 64))}`,
+    );
+  }
+  let found: VmRecord | undefined;
+  try {
+    found = await inspectVm(ctx, id);
+  } catch (err) {
+    return await fail(`cannot inspect VM ${id}: ${err instanceof Error ? err.message : String(err)}`, true);
+  }
+  if (!found || found.id !== id) return await fail(`no VM with id ${id} exists on this node`);
+  const holder = holderOfVm(ctx.pods, rec.key, { id });
+  if (holder) return await fail(`VM ${id} is already bound to pod ${holder.key}`);
+  const vm: VmRecord = {
+    ...found,
+    nics: [{ mac: '', tap: '', netnsPath: '', static: { ip, gateway: '', prefix: 32 } }],
+  };
+  bindVm(rec, vm, { owns: false, clonedBoot: false });
+  setIp(rec, ip);
+  setProbeReady(rec, true);
+  if (stageLifecycle(ctx, rec, 'ready')) await flushIntent(ctx, rec);
+  publish(ctx, rec);
+}
+
+/** A VM kept at startup (orphan policy) with the pod's VM name is adopted, not re-cloned.
+ * True when the create is settled (adopted, or failed on an inconclusive inspect). */
+export async function adoptByName(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<boolean> {
+  const indexed = ctx.orphansByName.get(spec.vmName);
+  if (!indexed) return false;
+  let vm: VmRecord | undefined;
+  try {
+    vm = await inspectWithRetry(ctx, indexed.id);
+  } catch (err) {
+    await createFailed(ctx, rec, 'CreateAdoptInspectFailed', `inspect ${spec.vmName}: ${String(err)}`, true);
+    return true;
+  }
+  ctx.orphansByName.delete(spec.vmName);
+  if (!vm || vm.name !== spec.vmName) return false;
+  if (holderOfVm(ctx.pods, rec.key, vm)) return false;
+  await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
+  ctx.metrics.podLifecycle('create', 'ok', 'adopted');
+  logFor(ctx, rec).info({ vmId: vm.id }, 'adopted an existing VM by name');
+  return true;
+}
+
+/** After a failed bring-up: the VM with the pod's name, if one exists, is running and no
+ * other pod holds it, is adopted (the clone did happen). */
+export async function salvageByName(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  spec: VMSpec,
+  err: unknown,
+): Promise<boolean> {
+  const nameTaken = err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken';
+  if (!nameTaken && !(err instanceof SettleError)) return false;
+  let vm: VmRecord | undefined;
+  try {
+    vm = await inspectWithRetry(ctx, spec.vmName);
+  } catch {
+    return false;
+  }
+  if (!vm || vm.name !== spec.vmName || vm.state === 'creating' || vm.state === 'error') return false;
+  if (holderOfVm(ctx.pods, rec.key, vm)) return false;
+  await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
+  ctx.metrics.podLifecycle('create', 'ok', 'adopted');
+  logFor(ctx, rec).info(
+    { vmId: vm.id, err: err instanceof Error ? err.message : String(err) },
+    "the bring-up failed but the VM exists under the pod's name: adopted it",
+  );
+  return true;
+}

@@ -1,0 +1,61 @@
+// Binding a VM to a pod and detaching a superseded incarnation.
+import type { VmRecord } from '../../../cocoon/records.ts';
+import {
+  POST_CLONE_ERRORS,
+  POST_CLONE_HINT,
+  POST_CLONE_STATE,
+  VM_ID,
+  VM_IP,
+} from '../../../contract/annotations.ts';
+import { isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { patchAnnotations, publish, refreshIp } from '../publication.ts';
+import { supersedeJobs } from '../readiness/jobs.ts';
+import {
+  annotationsOf,
+  applyAnnotations,
+  bindVm,
+  type PodRecord,
+  setPostCloneFailureReason,
+} from '../state.ts';
+import { cancelRetry } from './failure.ts';
+
+/** Binds a VM the pod now holds: id/ip annotations (UID-fenced), probe, status, reconcile. */
+export async function bind(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  vm: VmRecord,
+  opts: { clonedBoot: boolean; sourceImage?: string },
+): Promise<void> {
+  if (!isCurrent(ctx, rec)) return;
+  const previousId = annotationsOf(rec)[VM_ID] ?? '';
+  bindVm(rec, vm, { owns: true, clonedBoot: opts.clonedBoot, sourceImage: opts.sourceImage });
+  await refreshIp(ctx, rec);
+  const changes: Record<string, string | null> = { [VM_ID]: vm.id, [VM_IP]: rec.ip || null };
+  if (previousId !== vm.id) {
+    // The post-clone marker belongs to the VM it was written for: a replacement VM gets
+    // its own fixup, never the previous VM's `done` or `failed`.
+    changes[POST_CLONE_STATE] = null;
+    changes[POST_CLONE_HINT] = null;
+    changes[POST_CLONE_ERRORS] = null;
+    setPostCloneFailureReason(rec, undefined);
+  }
+  applyAnnotations(rec, changes);
+  const outcome = await patchAnnotations(ctx, rec, changes);
+  if (outcome === 'superseded') {
+    logFor(ctx, rec).info('another incarnation owns the name now; detaching quietly');
+    return;
+  }
+  ctx.startProbe(rec);
+  publish(ctx, rec);
+  ctx.reconcileSoon(rec.key);
+}
+
+/** Detaches a superseded incarnation: its VM is indexed by name for adoption by the next one. */
+export function detach(ctx: ProviderContext, rec: PodRecord): void {
+  supersedeJobs(rec, 'superseded by a new incarnation');
+  cancelRetry(ctx, rec.key);
+  ctx.probes.get(rec.key)?.stop();
+  ctx.probes.delete(rec.key);
+  if (rec.vm && rec.ownsVm) ctx.orphansByName.set(rec.vm.name, rec.vm);
+  if (ctx.pods.get(rec.key) === rec) ctx.pods.delete(rec.key);
+}

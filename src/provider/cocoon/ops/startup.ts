@@ -1,0 +1,177 @@
+// Startup reconcile: runs once, to completion, before the node registers. A VM, by ID or by
+// name, goes to at most one pod (the oldest claimant); no VM any pod references is ever
+// removed as an orphan; everything else the orphan policy decides (docs/decisions.md, "VM
+// ownership").
+import type { V1Pod } from '@kubernetes/client-node';
+import { listArgv, removeArgv } from '../../../cocoon/argv.ts';
+import { parseVmList, type VmRecord } from '../../../cocoon/records.ts';
+import {
+  EVENT_MESSAGE_MAX_BYTES,
+  POST_CLONE_ERRORS,
+  POST_CLONE_HINT,
+  POST_CLONE_STATE,
+  VM_ID,
+  VM_IP,
+} from '../../../contract/annotations.ts';
+import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
+import { monoNow } from '../../../util/mono-clock.ts';
+import { truncateUtf8 } from '../../../util/text.ts';
+import { isClonedBootSpec, type VMSpec } from '../../../vmspec/decode.ts';
+import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
+import { decodeSpec, type ProviderContext } from '../context.ts';
+import { patchAnnotations, publish, refreshIp } from '../publication.ts';
+import { applyAnnotations, bindVm, newRecord, type PodRecord, setIntent } from '../state.ts';
+import { adoptUnmanaged } from './adopt.ts';
+import { keyOf } from './create.ts';
+import { releaseLeases } from './delete.ts';
+import { refuseHibernate } from './hibernate.ts';
+
+export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
+  const { stdout } = await ctx.cli.run(listArgv(), { timeoutMs: 60_000 });
+  const listed = parseVmList(stdout);
+  if (!listed.ok) throw new Error(`cocoon vm list: ${listed.error}`);
+  const byId = new Map(listed.value.map((vm) => [vm.id, vm]));
+  const byName = new Map(listed.value.map((vm) => [vm.name, vm]));
+  const live = pods
+    .filter((p) => p.status?.phase !== 'Succeeded' && p.status?.phase !== 'Failed')
+    .sort(byAge);
+  const claimed = new Set<string>();
+
+  // Pass 1: pods that name an existing VM by its ID keep it (oldest first).
+  for (const pod of live) {
+    const ann = pod.metadata?.annotations ?? {};
+    const vm = ann[VM_ID] ? byId.get(ann[VM_ID]) : undefined;
+    if (!vm || claimed.has(vm.id)) continue;
+    const key = keyOf(pod);
+    const decoded = decodeSpec(pod);
+    if (!isManagedRaw(pod)) {
+      if (!decoded.ok) continue; // CreatePod reports the invalid annotations
+      const rec = seeded(ctx, pod, decoded.spec);
+      await adoptUnmanaged(ctx, rec, decoded.spec);
+      if (rec.vm) claimed.add(vm.id);
+      continue;
+    }
+    if (vm.state === 'creating') continue;
+    claimed.add(vm.id);
+    const rec = seeded(ctx, pod, decoded.ok ? decoded.spec : undefined);
+    adopt(rec, vm);
+    if (!decoded.ok) {
+      // Its annotations stopped decoding: the VM is kept (never destroyed because of an
+      // annotation edit) and the problem is reported.
+      const message = `invalid VM annotations: ${decoded.errors.map((e) => e.message).join('; ')}; the VM ${vm.name} is kept`;
+      ctx.events.event(
+        pod,
+        'Warning',
+        'UpdateInvalidAnnotations',
+        truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES),
+      );
+      ctx.log.warn(
+        { pod: key, vm: vm.name, vmId: vm.id, err: message },
+        'adopted a VM of a pod whose annotations do not decode',
+      );
+    }
+    await refreshIp(ctx, rec);
+    ctx.log.info({ pod: key, vm: vm.name, vmId: vm.id, intent: rec.intent?.state }, 'adopted after restart');
+  }
+
+  // Pass 2: managed pods without a live VM ID adopt the VM of their name, unless another
+  // pod holds that VM or that name.
+  for (const pod of live) {
+    const key = keyOf(pod);
+    if (ctx.pods.has(key) || !isManagedRaw(pod)) continue;
+    const decoded = decodeSpec(pod);
+    if (!decoded.ok) continue;
+    const spec = decoded.spec;
+    const ann = pod.metadata?.annotations ?? {};
+    if (ann[VM_ID] && !byId.has(ann[VM_ID])) {
+      ctx.log.warn(
+        { pod: key, vmId: ann[VM_ID] },
+        'pod names a VM that does not exist; leaving it to CreatePod',
+      );
+      continue;
+    }
+    const vm = byName.get(spec.vmName);
+    if (!vm || vm.state === 'creating' || claimed.has(vm.id) || holderOfName(ctx.pods, key, spec.vmName))
+      continue;
+    claimed.add(vm.id);
+    const rec = seeded(ctx, pod, spec);
+    adopt(rec, vm);
+    await refreshIp(ctx, rec);
+    ctx.metrics.adoptByName();
+    const changes: Record<string, string | null> = { [VM_ID]: vm.id, [VM_IP]: rec.ip || null };
+    if ((ann[VM_ID] ?? '') !== vm.id) {
+      // A marker written without this VM's ID on the pod cannot be attributed to it.
+      changes[POST_CLONE_STATE] = null;
+      changes[POST_CLONE_HINT] = null;
+      changes[POST_CLONE_ERRORS] = null;
+    }
+    applyAnnotations(rec, changes);
+    await patchAnnotations(ctx, rec, changes);
+    ctx.log.info(
+      { pod: key, vm: vm.name, vmId: vm.id, intent: rec.intent?.state },
+      'adopted by VM name after restart',
+    );
+  }
+
+  await sweepOrphans(ctx, listed.value, claimed, referencedVms(live));
+  ctx.startupDoneAt = monoNow();
+  for (const rec of [...ctx.pods.values()]) {
+    if (rec.vm && rec.ownsVm) ctx.startProbe(rec);
+    // A hibernate request that arrived while the daemon was down is handled like a live one.
+    if (rec.ownsVm && rec.spec?.hibernate && rec.intent?.state !== 'failed')
+      await refuseHibernate(ctx, rec, 'update');
+    publish(ctx, rec);
+    ctx.reconcileSoon(rec.key);
+  }
+}
+
+/** A tracked record for a pod found at startup, its intent seeded from its annotations (R7). */
+function seeded(ctx: ProviderContext, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
+  const rec = newRecord(keyOf(pod), pod, spec);
+  setIntent(rec, seedFromAnnotations(rec.uid, pod.metadata?.annotations));
+  ctx.pods.set(rec.key, rec);
+  return rec;
+}
+
+/** Binds the VM a managed pod holds after a restart. */
+function adopt(rec: PodRecord, vm: VmRecord): void {
+  bindVm(rec, vm, {
+    owns: true,
+    clonedBoot: rec.spec ? isClonedBootSpec(rec.spec) : false,
+    startTime: rec.pod.status?.startTime ? new Date(rec.pod.status.startTime) : new Date(),
+  });
+}
+
+/** Orphans: VMs no pod holds and no pod references by ID or name. */
+async function sweepOrphans(
+  ctx: ProviderContext,
+  vms: readonly VmRecord[],
+  claimed: ReadonlySet<string>,
+  refs: { ids: Set<string>; names: Set<string> },
+): Promise<void> {
+  for (const vm of vms) {
+    if (claimed.has(vm.id) || vm.state === 'creating') continue;
+    if (refs.ids.has(vm.id) || refs.names.has(vm.name)) {
+      ctx.log.info({ vm: vm.name, vmId: vm.id }, 'VM referenced by a pod that does not hold it; kept');
+      ctx.orphansByName.set(vm.name, vm);
+      continue;
+    }
+    const policy = ctx.config.orphanPolicy;
+    if (policy === 'destroy') {
+      ctx.log.warn({ vm: vm.name, vmId: vm.id }, 'orphan VM: destroying (VK_ORPHAN_POLICY=destroy)');
+      try {
+        await ctx.cli.run(removeArgv(vm.id), { timeoutMs: 60_000 });
+        await releaseLeases(ctx, vm);
+      } catch (err) {
+        ctx.log.warn({ vm: vm.name, err: String(err) }, 'orphan removal failed; indexing it for adoption');
+        ctx.orphansByName.set(vm.name, vm);
+      }
+    } else {
+      if (policy === 'alert') {
+        ctx.metrics.orphanVm();
+        ctx.log.warn({ vm: vm.name, vmId: vm.id }, 'orphan VM kept (VK_ORPHAN_POLICY=alert)');
+      }
+      ctx.orphansByName.set(vm.name, vm);
+    }
+  }
+}

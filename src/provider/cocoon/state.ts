@@ -1,0 +1,298 @@
+// What the provider remembers per pod key, and the only module that changes it: every
+// other module reads a PodRecord (its fields are readonly outside this file) and changes it
+// through the named mutators below.
+//
+// Everything here is either re-derivable from the apiserver, `cocoon vm list` and the lease
+// file (pod, VM, intent seeded from annotations), or progress keyed by VM ID that may be lost
+// on restart without changing any outcome (docs/contracts/lifecycle.md, "Never stranded"):
+// after a restart a fixup simply runs again (its guest steps are idempotent) and an IP wait
+// starts over.
+import type { V1Pod } from '@kubernetes/client-node';
+import type { VmRecord } from '../../cocoon/records.ts';
+import {
+  LIFECYCLE_OBSERVED_GENERATION,
+  LIFECYCLE_STATE,
+  LIFECYCLE_STATE_MESSAGE,
+  POST_CLONE_ERRORS,
+  POST_CLONE_HINT,
+  POST_CLONE_STATE,
+  VM_ID,
+  VM_IP,
+} from '../../contract/annotations.ts';
+import type { IntentRecord } from '../../lifecycle/intent.ts';
+import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
+import { monoNow } from '../../util/mono-clock.ts';
+import type { VMSpec } from '../../vmspec/decode.ts';
+
+/** In-memory progress of the readiness steps, keyed by the VM ID it was recorded for. */
+export interface Progress {
+  readonly vmId: string;
+  readonly fixupSucceeded: boolean;
+  readonly fixupAttempts: number;
+  readonly sacDone: boolean;
+  readonly ipWaitStartedAt: number | undefined;
+  readonly renewNudgeSent: boolean;
+  /** (reason) of Warning events already emitted for this VM: each is emitted once. */
+  readonly warned: ReadonlySet<string>;
+}
+
+export type JobKind = 'fixup' | 'ipwait';
+
+/** A long step running outside the pod queue (docs/contracts/lifecycle.md, "Jobs"). It
+ * records its outcome and enqueues a reconcile when it settles; it never writes the
+ * lifecycle. */
+export interface Job {
+  readonly uid: string;
+  readonly vmId: string;
+  readonly kind: JobKind;
+  /** Monotonic ms. */
+  readonly startedAt: number;
+  readonly hardDeadline: number;
+  readonly abort: AbortController;
+}
+
+/** Why and when the last create failed; decides whether and when it is retried. */
+export interface CreateFailure {
+  /** {@link createInputsKey} of the pod the failed attempt ran for. */
+  readonly inputsKey: string;
+  /** Effective generation of the failed attempt. */
+  readonly generation: bigint;
+  /** Transient failures are retried on a backoff schedule; permanent ones wait for a change. */
+  readonly transient: boolean;
+  readonly attempts: number;
+  /** Monotonic ms of the first failure of this streak (transient give-up bound). */
+  readonly firstAt: number;
+  /** Monotonic ms of the next automatic retry (transient only). */
+  readonly retryAt: number | undefined;
+  readonly message: string;
+}
+
+export interface PodRecord {
+  readonly key: string;
+  readonly uid: string;
+  /** The tracked copy: the last pod from the watch plus the provider-owned annotations. */
+  readonly pod: V1Pod;
+  /** Decoded VMSpec; `undefined` when the annotations are invalid. */
+  readonly spec: VMSpec | undefined;
+  readonly vm: VmRecord | undefined;
+  /** The bound VM is ours to remove on delete: latched when a managed pod binds it, so
+   * turning `managed` off on a live pod does not leak the VM (docs/decisions.md). */
+  readonly ownsVm: boolean;
+  /** Last resolved IP. */
+  readonly ip: string;
+  readonly startTime: Date | undefined;
+  /** When a VM was bound in this process (monotonic ms; t0 candidate of the ready deadline). */
+  readonly boundAt: number | undefined;
+  /** Clone, fork, clone-from-dir or restore: fixup and IP wait apply. */
+  readonly clonedBoot: boolean;
+  /** The clone source snapshot's image (cloudimg vs OCI); '' when unknown. */
+  readonly sourceImage: string;
+  readonly intent: IntentRecord | undefined;
+  readonly progress: Progress | undefined;
+  readonly job: Job | undefined;
+  readonly probeReady: boolean;
+  readonly lastStatus: PodStatus | undefined;
+  /** Event reason of a post-clone failure seen by this process (row 5 override). */
+  readonly postCloneFailureReason: string | undefined;
+  readonly deleting: boolean;
+  readonly termination: PodTermination | undefined;
+  /** resourceVersion returned by our last annotation patch (R6 watch-lag filter). */
+  readonly lastWriteRV: string | undefined;
+  /** Current step, shown in the pod's readiness condition (since: monotonic ms). */
+  readonly step: { readonly name: string; readonly since: number } | undefined;
+  /** A bring-up for this record is queued or running: it claims the VM name. */
+  readonly bringingUp: boolean;
+  /** The last create attempt failed and no VM is bound (docs/decisions.md, create failures). */
+  readonly createFailure: CreateFailure | undefined;
+  /** The pod's generation went below the published one (logged once). */
+  readonly generationWentDown: boolean;
+}
+
+type Mutable<T> = { -readonly [K in keyof T]: T[K] };
+const m = (rec: PodRecord) => rec as Mutable<PodRecord>;
+
+export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
+  return {
+    key,
+    uid: pod.metadata?.uid ?? '',
+    pod,
+    spec,
+    vm: undefined,
+    ownsVm: false,
+    ip: '',
+    startTime: undefined,
+    boundAt: undefined,
+    clonedBoot: false,
+    sourceImage: '',
+    intent: undefined,
+    progress: undefined,
+    job: undefined,
+    probeReady: false,
+    lastStatus: undefined,
+    postCloneFailureReason: undefined,
+    deleting: false,
+    termination: undefined,
+    lastWriteRV: undefined,
+    step: undefined,
+    bringingUp: false,
+    createFailure: undefined,
+    generationWentDown: false,
+  };
+}
+
+// ---- the VM ---------------------------------------------------------------------------
+
+/** Binds a VM: a new VM ID starts clean progress and a new ready-deadline t0. */
+export function bindVm(
+  rec: PodRecord,
+  vm: VmRecord,
+  opts: { owns: boolean; clonedBoot?: boolean; sourceImage?: string; startTime?: Date },
+): void {
+  const r = m(rec);
+  r.vm = vm;
+  r.ownsVm = opts.owns;
+  if (opts.clonedBoot !== undefined) r.clonedBoot = opts.clonedBoot;
+  if (opts.sourceImage !== undefined) r.sourceImage = opts.sourceImage;
+  r.startTime = opts.startTime ?? rec.startTime ?? new Date();
+  r.boundAt = monoNow();
+  r.createFailure = undefined;
+  progressFor(rec, vm.id);
+}
+
+/** Forgets the bound VM (an unmanaged pod re-pointed to another ID). */
+export function unbindVm(rec: PodRecord): void {
+  m(rec).vm = undefined;
+}
+
+export function setIp(rec: PodRecord, ip: string): void {
+  m(rec).ip = ip;
+}
+
+export function setProbeReady(rec: PodRecord, ready: boolean): void {
+  m(rec).probeReady = ready;
+}
+
+// ---- the pod copy ---------------------------------------------------------------------
+
+export function setSpec(rec: PodRecord, spec: VMSpec | undefined): void {
+  m(rec).spec = spec;
+}
+
+export function annotationsOf(rec: PodRecord): Record<string, string> {
+  return rec.pod.metadata?.annotations ?? {};
+}
+
+/** Applies provider-owned annotation changes to the tracked copy (null removes). */
+export function applyAnnotations(rec: PodRecord, changes: Record<string, string | null>): void {
+  const ann = { ...(rec.pod.metadata?.annotations ?? {}) };
+  for (const [k, v] of Object.entries(changes)) {
+    if (v === null || v === '') delete ann[k];
+    else ann[k] = v;
+  }
+  m(rec).pod = { ...rec.pod, metadata: { ...rec.pod.metadata, annotations: ann } };
+}
+
+const LIFECYCLE_KEYS = [LIFECYCLE_STATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE_MESSAGE];
+const RUNTIME_KEYS = [VM_ID, VM_IP, POST_CLONE_STATE, POST_CLONE_HINT, POST_CLONE_ERRORS];
+
+/** Annotation keys the provider writes; never part of a pod's create inputs. */
+export const PROVIDER_OWNED_KEYS: readonly string[] = [...LIFECYCLE_KEYS, ...RUNTIME_KEYS];
+
+/** Tracks a newer copy of the pod from the watch while keeping the annotations the
+ * provider owns (R6: the intent is written onto every re-tracked copy). Runtime keys of
+ * unmanaged pods belong to the operator and come from the new copy. */
+export function retrack(rec: PodRecord, pod: V1Pod): void {
+  const keys = rec.spec?.managed === false ? LIFECYCLE_KEYS : [...LIFECYCLE_KEYS, ...RUNTIME_KEYS];
+  const previous = annotationsOf(rec);
+  const owned: Record<string, string | null> = {};
+  for (const k of keys) owned[k] = previous[k] ?? null;
+  m(rec).pod = pod;
+  applyAnnotations(rec, owned);
+}
+
+// ---- lifecycle ------------------------------------------------------------------------
+
+export function setIntent(rec: PodRecord, intent: IntentRecord | undefined): void {
+  m(rec).intent = intent;
+}
+
+export function setLastWriteRV(rec: PodRecord, rv: string | undefined): void {
+  m(rec).lastWriteRV = rv;
+}
+
+export function setLastStatus(rec: PodRecord, status: PodStatus): void {
+  m(rec).lastStatus = status;
+}
+
+export function setStep(rec: PodRecord, name: string): void {
+  m(rec).step = { name, since: monoNow() };
+}
+
+export function markGenerationWentDown(rec: PodRecord): void {
+  m(rec).generationWentDown = true;
+}
+
+export function setPostCloneFailureReason(rec: PodRecord, reason: string | undefined): void {
+  m(rec).postCloneFailureReason = reason;
+}
+
+// ---- create ---------------------------------------------------------------------------
+
+export function setBringingUp(rec: PodRecord, on: boolean): void {
+  m(rec).bringingUp = on;
+}
+
+export function setCreateFailure(rec: PodRecord, failure: CreateFailure | undefined): void {
+  m(rec).createFailure = failure;
+}
+
+// ---- delete ---------------------------------------------------------------------------
+
+export function setDeleting(rec: PodRecord, on: boolean): void {
+  m(rec).deleting = on;
+}
+
+export function markDeleted(rec: PodRecord): void {
+  m(rec).termination = { kind: 'deleted' };
+}
+
+// ---- readiness progress and jobs ------------------------------------------------------
+
+/** The progress record for the bound VM, created on first use; a replaced VM starts clean. */
+export function progressFor(rec: PodRecord, vmId: string): Progress {
+  if (rec.progress?.vmId !== vmId) {
+    m(rec).progress = {
+      vmId,
+      fixupSucceeded: false,
+      fixupAttempts: 0,
+      sacDone: false,
+      ipWaitStartedAt: undefined,
+      renewNudgeSent: false,
+      warned: new Set(),
+    };
+  }
+  return rec.progress as Progress;
+}
+
+/** Records progress for a VM ID (ignored when the pod's VM changed meanwhile). */
+export function recordProgress(
+  rec: PodRecord,
+  vmId: string,
+  changes: Partial<Pick<Progress, 'fixupSucceeded' | 'fixupAttempts' | 'ipWaitStartedAt' | 'renewNudgeSent'>>,
+): void {
+  if (rec.vm?.id !== vmId) return;
+  m(rec).progress = { ...progressFor(rec, vmId), ...changes };
+}
+
+/** Marks a Warning reason as emitted for the bound VM; false when it already was. */
+export function markWarned(rec: PodRecord, reason: string): boolean {
+  const vmId = rec.vm?.id ?? '';
+  if (!rec.progress || rec.progress.vmId !== vmId) return true;
+  if (rec.progress.warned.has(reason)) return false;
+  (rec.progress.warned as Set<string>).add(reason);
+  return true;
+}
+
+export function setJob(rec: PodRecord, job: Job | undefined): void {
+  m(rec).job = job;
+}
