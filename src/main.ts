@@ -174,7 +174,7 @@ async function main(argv: string[]): Promise<number> {
   attachSampler(metrics, sampler);
   const metricsServer = await startMetricsServer({ addr: config.metricsAddr, metrics, log });
 
-  const authorizer = new KubeletAuthorizer(kube, config.nodeName);
+  const authorizer = new KubeletAuthorizer(kube, config.nodeName, { clientCa, log });
   const server = new KubeletServer({
     port: config.kubeletPort,
     cert: serving.cert,

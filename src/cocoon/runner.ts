@@ -166,7 +166,8 @@ export class CocoonCli {
    * shutdown while waiting rejects at once without starting the child. */
   async run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
     const started = performance.now();
-    const deadline = AbortSignal.timeout(opts.timeoutMs);
+    // Whole milliseconds: AbortSignal.timeout rejects a fractional or non-positive delay.
+    const deadline = AbortSignal.timeout(Math.max(1, Math.ceil(opts.timeoutMs)));
     const signal = AbortSignal.any([deadline, this.#lifetime, ...(opts.signal ? [opts.signal] : [])]);
     let release: () => void;
     try {

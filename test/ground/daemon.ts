@@ -57,7 +57,6 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
         VK_COCOON_NET_CONTROL_SOCKET: '',
         VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
         VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),
-        VK_TLS_CLIENT_CA: o.cluster.certs.caCert,
         VK_LOG_LEVEL: 'debug',
         ...o.env,
         // The run's PID registry marker: its teardown finds the daemon and everything it starts.

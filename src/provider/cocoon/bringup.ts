@@ -20,13 +20,7 @@ import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
 import { localSnapshotName, splitCloneImage } from '../../vmspec/snapshot-name.ts';
-import type { ProviderContext } from './context.ts';
-
-/** Pulls a clone-source snapshot from the registry into its local name (registry.md §5),
- * de-duplicated per local name; `src/registry/pull.ts` implements it. */
-export interface SnapshotPuller {
-  ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
-}
+import type { ProviderContext, SnapshotPuller } from './context.ts';
 
 export interface BringUpResult {
   vm: VmRecord;

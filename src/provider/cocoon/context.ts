@@ -14,10 +14,15 @@ import type { LeaseFile } from '../../net/leases.ts';
 import type { PodStatusSink } from '../../pods/ports.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
 import { decodeVMSpec } from '../../vmspec/decode.ts';
-import type { SnapshotPuller } from './bringup.ts';
 import type { LifecycleMetrics } from './metrics.ts';
 import type { ProbeAgent } from './probe-agent.ts';
 import type { PodRecord } from './state.ts';
+
+/** Pulls a clone-source snapshot from the registry into its local name (registry.md §5),
+ * de-duplicated per local name; `src/registry/pull.ts` implements it. */
+export interface SnapshotPuller {
+  ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
+}
 
 export interface ProviderDeps {
   config: Config;

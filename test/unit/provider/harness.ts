@@ -10,7 +10,7 @@ import { loadConfig } from '../../../src/config/env.ts';
 import type { EventSink } from '../../../src/kube/events.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
-import type { SnapshotPuller } from '../../../src/provider/cocoon/bringup.ts';
+import type { SnapshotPuller } from '../../../src/provider/cocoon/context.ts';
 import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import { CocoonProvider } from '../../../src/provider/cocoon/provider.ts';
 import { FakeCocoon } from '../fakes/cocoon.ts';
