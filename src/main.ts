@@ -1,5 +1,5 @@
 // vk-cocoon entry point: `vk-cocoon [run]`, `--help`, `--version`.
-// Start order (virtual-node.md §1): configuration → client → serving certificate →
+// Start order (docs/contracts/virtual-node.md "Start order and shutdown"): configuration → client → serving certificate →
 // provider (startup reconcile) → pod watch → node + Lease → kubelet API. SIGTERM/SIGINT stop
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
@@ -128,7 +128,7 @@ async function main(argv: string[]): Promise<number> {
     lifetime: lifetime.signal,
   });
   // Startup reconcile runs to completion before the pod controller and the node start
-  // (pod-to-vm.md §6): adoption by VM ID and name, orphan policy, owed work.
+  // (docs/contracts/pod-to-vm.md "Startup reconcile"): adoption by VM ID and name, orphan policy, owed work.
   try {
     const pods = await kube.core.listPodForAllNamespaces({
       fieldSelector: `spec.nodeName=${config.nodeName}`,

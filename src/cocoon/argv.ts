@@ -1,7 +1,7 @@
 /**
- * Pure argv builders for every `cocoon` verb the provider uses (cocoon-cli.md §2). The result
+ * Pure argv builders for every `cocoon` verb the provider uses (docs/contracts/cocoon-cli.md "Verbs and argv"). The result
  * is the argv after the binary path, in exactly the emitted order the spec fixes (tests and the
- * simulator assert it). No global flags are ever added (cocoon-cli.md §1).
+ * simulator assert it). No global flags are ever added (docs/contracts/cocoon-cli.md "Invocation").
  *
  * Defence in depth against flag injection: a positional argument that is empty or starts with
  * `-` would be parsed by cocoon as a flag (or shift the positionals), so the builders throw an
@@ -36,7 +36,7 @@ function bool(flag: string, on: boolean | undefined): string[] {
   return on === true ? [flag] : [];
 }
 
-/** Options of `vm clone` (pod-to-vm.md §2.3 step 6, §2.6, §2.7). */
+/** Options of `vm clone` (docs/contracts/cocoon-cli.md "vm clone" step 6, docs/contracts/cocoon-cli.md "vm clone"). */
 export interface CloneArgs {
   readonly vmName: string;
   /** The snapshot's backend: `--restore-mode` and `--nics` are never sent for Firecracker. */
@@ -86,7 +86,7 @@ export function cloneArgv(args: CloneArgs): string[] {
   return argv;
 }
 
-/** Options of `vm run` (pod-to-vm.md §2.4 step 2). */
+/** Options of `vm run` (docs/contracts/cocoon-cli.md "vm run" step 2). */
 export interface RunArgs {
   readonly vmName: string;
   readonly cpus?: Numeric;
@@ -151,7 +151,7 @@ export function startArgv(vmId: string): string[] {
   return ['vm', 'start', positional('VM id', vmId)];
 }
 
-/** Options of `vm exec` (pod-to-vm.md §9, lifecycle.md §6.3/§6.4). */
+/** Options of `vm exec` (docs/contracts/cocoon-cli.md "vm exec", docs/contracts/post-clone.md "Windows"/docs/contracts/post-clone.md "Linux script"). */
 export interface ExecArgs {
   readonly vmId: string;
   /** `-i` only when the caller supplies stdin. */
@@ -188,7 +188,7 @@ export function execArgv(args: ExecArgs): string[] {
   return argv;
 }
 
-/** Default `--tail` of `kubectl logs` (pod-to-vm.md §9). */
+/** Default `--tail` of `kubectl logs` (docs/contracts/cocoon-cli.md "vm exec"). */
 export const DEFAULT_LOG_TAIL = 200;
 
 /** `vm logs --tail <n> <id>`. */
@@ -201,7 +201,7 @@ export function netArgv(vmId: string, nics: number): string[] {
   return ['vm', 'net', '--nics', String(nics), positional('VM id', vmId)];
 }
 
-/** `vm status --event --format json` (the event stream, cocoon-cli.md §3.3). */
+/** `vm status --event --format json` (the event stream, docs/contracts/cocoon-cli.md "Event line"). */
 export function statusEventsArgv(): string[] {
   return ['vm', 'status', '--event', '--format', 'json'];
 }

@@ -1,5 +1,5 @@
 /**
- * Classification and formatting of `cocoon` failures (cocoon-cli.md §1, §5).
+ * Classification and formatting of `cocoon` failures (docs/contracts/cocoon-cli.md "Output capture and error text", docs/contracts/cocoon-cli.md "Error classification").
  *
  * Classification is by case-insensitive substring of the error output. Only the listed
  * substrings are conclusive; everything else (timeouts, lock contention, bad JSON, a missing
@@ -59,7 +59,7 @@ export function isAgentNotUp(text: string): boolean {
 }
 
 /**
- * The holder to remove before re-saving a snapshot (cocoon-cli.md §2 notes): the ID after
+ * The holder to remove before re-saving a snapshot (docs/contracts/cocoon-cli.md "Error classification" notes): the ID after
  * `already in use by `, else the name in `snapshot name "<n>" already exists`, else
  * `undefined`. Quotes and trailing punctuation around an ID are stripped.
  */
@@ -71,7 +71,7 @@ export function snapshotHolder(text: string): string | undefined {
 }
 
 /**
- * Classifies an error text. The table rows of cocoon-cli.md §5 overlap (a VM name collision
+ * Classifies an error text. The table rows of docs/contracts/cocoon-cli.md "Error classification" overlap (a VM name collision
  * also says `already exists`), so the most specific class is checked first: not-found classes,
  * VM name taken, snapshot leased, snapshot name taken, agent not up, else inconclusive.
  */
@@ -128,7 +128,7 @@ export function formatPlainVerbError(exit: ChildExit, output: string): string {
   return `${describeExit(exit)} (output: ${output.trim()})`;
 }
 
-/** JSON verbs (cocoon-cli.md §1); every other verb is plain. */
+/** JSON verbs (docs/contracts/cocoon-cli.md "Output capture and error text"); every other verb is plain. */
 export function isJsonVerb(argv: readonly string[]): boolean {
   const [noun, verb] = argv;
   if (noun === 'vm') {

@@ -1,5 +1,5 @@
 /**
- * Decoders for cocoon's JSON output (cocoon-cli.md §3). Only the fields the provider reads are
+ * Decoders for cocoon's JSON output (docs/contracts/cocoon-cli.md "JSON shapes"). Only the fields the provider reads are
  * kept; unknown fields are ignored. Like Go's `encoding/json`, a missing or `null` field reads
  * as its zero value; a field of the wrong type is a decode error. Decode errors are returned
  * as values, never thrown.
@@ -14,7 +14,7 @@ export type Decoded<T> =
 const str = v.nullish(v.string(), '');
 const num = v.nullish(v.number(), 0);
 
-// --- VM object (cocoon-cli.md §3.1) --------------------------------------------------------
+// --- VM object (docs/contracts/cocoon-cli.md "VM list") --------------------------------------------------------
 
 const StaticNetworkSchema = v.object({
   ip: str,
@@ -56,7 +56,7 @@ export interface VmNic {
   readonly mac: string;
   readonly tap: string;
   readonly netnsPath: string;
-  /** Set for a static NIC (`network.ip` non-empty), `undefined` for DHCP (lifecycle.md §6.1). */
+  /** Set for a static NIC (`network.ip` non-empty), `undefined` for DHCP (docs/contracts/post-clone.md "When a fixup is owed"). */
   readonly static: StaticNetwork | undefined;
 }
 
@@ -70,7 +70,7 @@ export interface VmRecord {
   readonly id: string;
   /** `cloud-hypervisor` | `firecracker` (kept as text; unknown values are the caller's call). */
   readonly hypervisor: string;
-  /** `creating` | `created` | `running` | `stopped` | `error` | `stopped (stale)` (cocoon-cli.md §4). */
+  /** `creating` | `created` | `running` | `stopped` | `error` | `stopped (stale)` (docs/contracts/cocoon-cli.md "VM states"). */
   readonly state: string;
   readonly pid: number;
   readonly name: string;
@@ -150,7 +150,7 @@ export const NO_VMS_FOUND = 'No VMs found.';
 
 /**
  * Parses the stdout of `vm list -o json`: a JSON array of VM objects. Empty output, `[]`,
- * `null` and the plain line `No VMs found.` all mean an empty list (cocoon-cli.md §3.1).
+ * `null` and the plain line `No VMs found.` all mean an empty list (docs/contracts/cocoon-cli.md "VM list").
  */
 export function parseVmList(stdout: string): Decoded<readonly VmRecord[]> {
   const trimmed = stdout.trim();
@@ -160,7 +160,7 @@ export function parseVmList(stdout: string): Decoded<readonly VmRecord[]> {
   return decodeWith('vm list', v.nullish(v.array(VmSchema), []), json.value, (list) => list.map(toVmRecord));
 }
 
-// --- Snapshot object (cocoon-cli.md §3.2) ---------------------------------------------------
+// --- Snapshot object (docs/contracts/cocoon-cli.md "Snapshot record") ---------------------------------------------------
 
 const SnapshotSchema = v.object({
   id: v.string(),
@@ -219,7 +219,7 @@ export function parseSnapshotList(stdout: string): Decoded<readonly SnapshotReco
   );
 }
 
-// --- Image inspect (cocoon-cli.md §3.4) -----------------------------------------------------
+// --- Image inspect (docs/contracts/cocoon-cli.md "Image record") -----------------------------------------------------
 
 const ImageSchema = v.object({
   id: v.string(),
@@ -250,9 +250,9 @@ export function parseImageRecord(stdout: string): Decoded<ImageRecord> {
   }));
 }
 
-// --- Event line (cocoon-cli.md §3.3) --------------------------------------------------------
+// --- Event line (docs/contracts/cocoon-cli.md "Event line") --------------------------------------------------------
 
-/** Longest event line the watcher accepts (pod-to-vm.md §7). */
+/** Longest event line the watcher accepts (docs/contracts/cocoon-cli.md "Event line"). */
 export const MAX_EVENT_LINE_BYTES = 1024 * 1024;
 
 export type VmEventType = 'ADDED' | 'MODIFIED' | 'DELETED';
@@ -285,7 +285,7 @@ export function parseEventLine(line: string): Decoded<VmEvent> {
   }));
 }
 
-// --- Stale create (cocoon-cli.md §3.4, later tier) ------------------------------------------
+// --- Stale create (docs/contracts/cocoon-cli.md "Image record", later tier) ------------------------------------------
 
 export type StaleCreateOutcome = 'collected' | 'busy' | 'not-creating' | 'not-found';
 

@@ -1,4 +1,4 @@
-// Runs the `cocoon` CLI (cocoon-cli.md §1): argv arrays only (never a shell), every call
+// Runs the `cocoon` CLI (docs/contracts/cocoon-cli.md "Invocation"): argv arrays only (never a shell), every call
 // with a deadline, the child's whole process group SIGKILLed on deadline, abort or
 // provider shutdown. JSON verbs capture stdout and stderr apart; plain verbs capture the
 // combined output. Error texts match the Go implementation's.

@@ -1,4 +1,4 @@
-// Configuration from environment variables (virtual-node.md §9), compatible with the Go
+// Configuration from environment variables (README.md "Configuration"), compatible with the Go
 // implementation's variable names and defaults. Unlike the Go implementation, every value
 // is validated at startup and a bad one stops startup with an error naming the variable
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a

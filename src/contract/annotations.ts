@@ -1,11 +1,11 @@
 /**
- * Pod annotation keys and value encodings (lifecycle.md §2, pod-to-vm.md §1).
+ * Pod annotation keys and value encodings (docs/contracts/annotations.md, docs/contracts/annotations.md).
  *
  * Every key the provider reads or writes is a constant here so that no other module spells an
  * annotation key by hand. Keys are part of the external contract and reproduced byte for byte.
  */
 
-// --- Lifecycle triple, written by the provider (lifecycle.md §2.1) -------------------------
+// --- Lifecycle triple, written by the provider (docs/contracts/annotations.md "Lifecycle triple") -------------------------
 
 /** `creating` | `ready` | `hibernating` | `hibernated` | `failed`, always lower case. */
 export const LIFECYCLE_STATE = 'vm.cocoonstack.io/lifecycle-state';
@@ -14,7 +14,7 @@ export const LIFECYCLE_OBSERVED_GENERATION = 'vm.cocoonstack.io/lifecycle-observ
 /** Free text, failures only; an empty message removes the key. */
 export const LIFECYCLE_STATE_MESSAGE = 'vm.cocoonstack.io/lifecycle-state-message';
 
-// --- Post-clone keys, written by the provider (lifecycle.md §2.2) ---------------------------
+// --- Post-clone keys, written by the provider (docs/contracts/annotations.md "Post-clone keys") ---------------------------
 
 /** `running` | `done` | `failed` (sticky for the incarnation). */
 export const POST_CLONE_STATE = 'vm.cocoonstack.io/post-clone-state';
@@ -23,7 +23,7 @@ export const POST_CLONE_HINT = 'vm.cocoonstack.io/post-clone-hint';
 /** `attempt N: <error>` joined with `\n`, ≤ 4096 bytes; written only on exhaustion. */
 export const POST_CLONE_ERRORS = 'vm.cocoonstack.io/post-clone-errors';
 
-// --- Runtime keys (lifecycle.md §2.3) -------------------------------------------------------
+// --- Runtime keys (docs/contracts/annotations.md "Runtime keys") -------------------------------------------------------
 
 /** Cocoon VM id; cleared before the VM is removed on hibernate. */
 export const VM_ID = 'vm.cocoonstack.io/id';
@@ -32,7 +32,7 @@ export const VM_IP = 'vm.cocoonstack.io/ip';
 /** macOS only (later tier); never written for CH/FC VMs. */
 export const VNC_PORT = 'vm.cocoonstack.io/vnc-port';
 
-// --- Read-only VMSpec keys (pod-to-vm.md §1, lifecycle.md §2.4). The provider never writes these.
+// --- Read-only VMSpec keys (docs/contracts/annotations.md, docs/contracts/annotations.md "VMSpec keys"). The provider never writes these.
 
 export const VM_NAME = 'vm.cocoonstack.io/name';
 export const IMAGE = 'cocoonset.cocoonstack.io/image';
@@ -54,7 +54,7 @@ export const HIBERNATE = 'vm.cocoonstack.io/hibernate';
 export const RESTORE_FROM_HIBERNATE = 'vm.cocoonstack.io/restore-from-hibernate';
 export const KEEP_SNAPSHOT_ON_DELETE = 'vm.cocoonstack.io/keep-snapshot-on-delete';
 
-/** Every VMSpec key; the provider MUST NEVER write any of them (lifecycle.md §2.4). */
+/** Every VMSpec key; the provider MUST NEVER write any of them (docs/contracts/annotations.md "VMSpec keys"). */
 export const VMSPEC_KEYS: readonly string[] = [
   VM_NAME,
   IMAGE,
@@ -79,7 +79,7 @@ export const VMSPEC_KEYS: readonly string[] = [
 
 // --- Value types ----------------------------------------------------------------------------
 
-/** Lifecycle states (lifecycle.md §2.1, §3). */
+/** Lifecycle states (docs/contracts/annotations.md "Lifecycle triple", docs/contracts/lifecycle.md "State machine"). */
 export type LifecycleState = 'creating' | 'ready' | 'hibernating' | 'hibernated' | 'failed';
 
 export const LIFECYCLE_STATES: readonly LifecycleState[] = [
@@ -90,26 +90,26 @@ export const LIFECYCLE_STATES: readonly LifecycleState[] = [
   'failed',
 ];
 
-/** Terminal states, the ones clients wait for (lifecycle.md §2.1). */
+/** Terminal states, the ones clients wait for (docs/contracts/annotations.md "Lifecycle triple"). */
 export const TERMINAL_LIFECYCLE_STATES: readonly LifecycleState[] = ['ready', 'hibernated', 'failed'];
 
 export function isLifecycleState(value: string): value is LifecycleState {
   return (LIFECYCLE_STATES as readonly string[]).includes(value);
 }
 
-/** Values of `vm.cocoonstack.io/post-clone-state` (lifecycle.md §2.2); `''` means absent. */
+/** Values of `vm.cocoonstack.io/post-clone-state` (docs/contracts/annotations.md "Post-clone keys"); `''` means absent. */
 export type PostCloneState = '' | 'running' | 'done' | 'failed';
 
 /**
  * Reads `post-clone-state`. Absent ⇒ `''`. An unknown value also reads as `''` (absent): the
- * owed-step table (lifecycle.md §10.4 row 6) then re-runs the idempotent fixup, which is the
+ * owed-step table (docs/contracts/lifecycle.md "Owed steps" row 6) then re-runs the idempotent fixup, which is the
  * safe reading of a marker the provider never writes.
  */
 export function parsePostCloneState(value: string | undefined): PostCloneState {
   return value === 'running' || value === 'done' || value === 'failed' ? value : '';
 }
 
-/** Exact-`"true"` boolean rule (pod-to-vm.md §1): `True`, `1`, `yes` and absence are false. */
+/** Exact-`"true"` boolean rule (docs/contracts/annotations.md): `True`, `1`, `yes` and absence are false. */
 export function isTrue(value: string | undefined): boolean {
   return value === 'true';
 }
@@ -128,12 +128,12 @@ export function parseInt64(value: string | undefined): bigint | undefined {
   return parsed < INT64_MIN || parsed > INT64_MAX ? undefined : parsed;
 }
 
-/** A generation annotation: missing or unparseable reads as `0` (lifecycle.md §2.1). */
+/** A generation annotation: missing or unparseable reads as `0` (docs/contracts/annotations.md "Lifecycle triple"). */
 export function parseGeneration(value: string | undefined): bigint {
   return parseInt64(value) ?? 0n;
 }
 
-// --- Size limits (lifecycle.md §2.5) --------------------------------------------------------
+// --- Size limits (docs/contracts/annotations.md "Size limits") --------------------------------------------------------
 
 /** Lifecycle message and `post-clone-errors` cap, in bytes of UTF-8. */
 export const MESSAGE_MAX_BYTES = 4096;

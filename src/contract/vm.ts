@@ -1,24 +1,24 @@
-/** Value types of the decoded VMSpec (pod-to-vm.md §1). */
+/** Value types of the decoded VMSpec (docs/contracts/annotations.md "Role derivation"). */
 
 export type Backend = 'cloud-hypervisor' | 'firecracker';
 export type GuestOS = 'linux' | 'windows' | 'android' | 'macos';
 export type VMMode = 'clone' | 'run' | 'static';
 export type SnapshotPolicy = 'always' | 'main-only' | 'never';
-/** Role for the `main-only` snapshot policy (pod-to-vm.md §1, last paragraph). */
+/** Role for the `main-only` snapshot policy (docs/contracts/annotations.md "Role derivation", last paragraph). */
 export type VMRole = 'main' | 'sub-agent' | 'toolbox';
 
 export const BACKENDS: readonly Backend[] = ['cloud-hypervisor', 'firecracker'];
 export const GUEST_OSES: readonly GuestOS[] = ['linux', 'windows', 'android', 'macos'];
 export const VM_MODES: readonly VMMode[] = ['clone', 'run', 'static'];
 
-/** VM names (pod-to-vm.md §1, cocoon-cli.md §1). */
+/** VM names (docs/contracts/annotations.md "Role derivation", docs/contracts/cocoon-cli.md "Invocation"). */
 export const VM_NAME_PATTERN = /^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$/;
-/** Snapshot names also allow `:` and `/` (cocoon-cli.md §1). */
+/** Snapshot names also allow `:` and `/` (docs/contracts/cocoon-cli.md "Invocation"). */
 export const SNAPSHOT_NAME_PATTERN = /^[a-zA-Z0-9][a-zA-Z0-9._:/-]{0,62}$/;
 
 /**
  * True for an `http://` or `https://` cloud-image URL. Case-sensitive, like cocoon's own
- * `image pull` classification (cocoon-cli.md §2 notes).
+ * `image pull` classification (docs/contracts/cocoon-cli.md "Verbs and argv" notes).
  */
 export function isCloudImageUrl(image: string): boolean {
   return image.startsWith('http://') || image.startsWith('https://');

@@ -1,4 +1,4 @@
-/** The per-attempt error chain of a fixup (lifecycle.md §2.2, §6.5, §6.7). */
+/** The per-attempt error chain of a fixup (docs/contracts/annotations.md "Post-clone keys", docs/contracts/post-clone.md "Execution", docs/contracts/post-clone.md "Exhaustion"). */
 import { MESSAGE_MAX_BYTES } from '../contract/annotations.ts';
 import { truncateUtf8 } from '../util/text.ts';
 
@@ -12,7 +12,7 @@ export function joinAttemptErrors(errors: readonly string[], maxBytes: number = 
   return truncateUtf8(errors.map((error, i) => `attempt ${i + 1}: ${error}`).join('\n'), maxBytes);
 }
 
-/** The Warning message of one failed attempt (`PostCloneExecAttemptFailed`, §6.5). */
+/** The Warning message of one failed attempt (`PostCloneExecAttemptFailed`, docs/contracts/post-clone.md "Execution"). */
 export function attemptErrorMessage(attempt: number, error: string): string {
   return `attempt ${attempt}: ${error}`;
 }

@@ -1,5 +1,5 @@
 /**
- * Post-clone fixup plan (lifecycle.md §6.1–§6.4): whether a cloned VM needs guest-side network
+ * Post-clone fixup plan (docs/contracts/post-clone.md "When a fixup is owed"–docs/contracts/post-clone.md "Linux script"): whether a cloned VM needs guest-side network
  * setup, and the exact guest command and hint text.
  *
  * Every value that enters a guest script is validated first (VM name, MAC, IPv4, prefix,
@@ -13,19 +13,19 @@ import { guestProfile } from './profiles.ts';
 /** Kind label of a fixup (metric `cocoon_vk_postclone_total{kind}`). */
 export type FixupKind = 'windows' | 'linux_fc' | 'linux_static';
 
-/** Overall fixup budget, measured from the `post-clone-state=running` write (§6.5). */
+/** Overall fixup budget, measured from the `post-clone-state=running` write (docs/contracts/post-clone.md "Execution"). */
 export const FIXUP_BUDGET_MS = 180_000;
-/** Pause between two failed fixup attempts (§6.5). */
+/** Pause between two failed fixup attempts (docs/contracts/post-clone.md "Execution"). */
 export const FIXUP_RETRY_DELAY_MS = 3_000;
 
-/** The PowerShell script of §6.3 (`-PresentOnly` is load-bearing). */
+/** The PowerShell script of docs/contracts/post-clone.md "Windows" (`-PresentOnly` is load-bearing). */
 export const WINDOWS_PNP_SCRIPT =
   '$x=Get-PnpDevice -Class Net -PresentOnly;$x|Disable-PnpDevice -Confirm:$false;$x|Enable-PnpDevice -Confirm:$false';
 
-/** The Windows guest argv (4 elements) run through `cocoon vm exec <vmID> -- ...` (§6.3). */
+/** The Windows guest argv (4 elements) run through `cocoon vm exec <vmID> -- ...` (docs/contracts/post-clone.md "Windows"). */
 export const WINDOWS_FIXUP_ARGV: readonly string[] = ['powershell', '-nop', '-c', WINDOWS_PNP_SCRIPT];
 
-/** The Windows hint: the same command quoted for a shell (§6.3). */
+/** The Windows hint: the same command quoted for a shell (docs/contracts/post-clone.md "Windows"). */
 export const WINDOWS_FIXUP_HINT = `powershell -nop -c '${WINDOWS_PNP_SCRIPT}'`;
 
 /** A NIC as the fixup sees it (a `VmNic` from `cocoon/records.ts` fits). */
@@ -35,25 +35,25 @@ export interface FixupNic {
   readonly static?: { readonly ip: string; readonly gateway: string; readonly prefix: number } | undefined;
 }
 
-/** What the matrix of §6.1 looks at. */
+/** What the matrix of docs/contracts/post-clone.md "When a fixup is owed" looks at. */
 export interface FixupMatrixFacts {
-  /** Clone, fork-from, clone-from-dir, wake/restore; not plain run mode (§6.1). */
+  /** Clone, fork-from, clone-from-dir, wake/restore; not plain run mode (docs/contracts/post-clone.md "When a fixup is owed"). */
   readonly clonedBoot: boolean;
   readonly os: GuestOS;
   readonly backend: Backend;
   readonly nics: readonly FixupNic[];
 }
 
-/** A NIC is static when its `network.ip` is non-empty (§6.1). */
+/** A NIC is static when its `network.ip` is non-empty (docs/contracts/post-clone.md "When a fixup is owed"). */
 export function isStaticNic(nic: FixupNic): boolean {
   return nic.static !== undefined && nic.static.ip !== '';
 }
 
 /**
- * The §6.1 matrix, first match wins: `windows` (any backend), `linux_fc` (Firecracker),
+ * The docs/contracts/post-clone.md "When a fixup is owed" matrix, first match wins: `windows` (any backend), `linux_fc` (Firecracker),
  * `linux_static` (CH with at least one static NIC), else no fixup (`undefined`; CH all-DHCP
  * re-DHCPs by itself). Not a cloned boot ⇒ `undefined`. The CH+Windows restore exception
- * (§6.8) and the managed-only rule are the caller's (owed-step rows 1 and 6).
+ * (docs/contracts/lifecycle.md "Not built yet") and the managed-only rule are the caller's (owed-step rows 1 and 6).
  */
 export function fixupKind(facts: FixupMatrixFacts): FixupKind | undefined {
   if (!facts.clonedBoot) return undefined;
@@ -71,15 +71,15 @@ export interface FixupFacts extends FixupMatrixFacts {
    * or `''` when unknown (fork, wake, clone-from-dir) — then {@link overlayQcow2Exists} decides.
    */
   readonly sourceImage?: string;
-  /** Whether `<COCOON_ROOT_DIR>/run/cloudhypervisor/<vmID>/overlay.qcow2` exists (§6.2). */
+  /** Whether `<COCOON_ROOT_DIR>/run/cloudhypervisor/<vmID>/overlay.qcow2` exists (docs/contracts/post-clone.md "cloudimg or OCI"). */
   readonly overlayQcow2Exists?: boolean;
 }
 
-/** Guest flavour of a Linux plan (§6.2). */
+/** Guest flavour of a Linux plan (docs/contracts/post-clone.md "cloudimg or OCI"). */
 export type LinuxGuest = 'cloudimg' | 'oci';
 
 /**
- * cloudimg or OCI (§6.2): a known source image decides by its `http(s)://` prefix; without one
+ * cloudimg or OCI (docs/contracts/post-clone.md "cloudimg or OCI"): a known source image decides by its `http(s)://` prefix; without one
  * the run-dir probe (`overlay.qcow2` exists) decides; with neither it is OCI.
  */
 export function linuxGuestFlavour(facts: Pick<FixupFacts, 'sourceImage' | 'overlayQcow2Exists'>): LinuxGuest {
@@ -117,7 +117,7 @@ export const IPV4_PATTERN = new RegExp(`^${IPV4_OCTET}(?:\\.${IPV4_OCTET}){3}$`)
 const quote = JSON.stringify;
 
 /**
- * Builds the fixup plan (§6.3, §6.4). Not needed per {@link fixupKind} ⇒ `{needed: false}`.
+ * Builds the fixup plan (docs/contracts/post-clone.md "Windows", docs/contracts/post-clone.md "Linux script"). Not needed per {@link fixupKind} ⇒ `{needed: false}`.
  * Windows ⇒ the constant PnP command. Linux ⇒ `sh -c <script>` where the script is, joined by
  * `\n`: drop caches; hostname; (Firecracker) per-NIC MAC rewrite; remove `10-*.network`; then
  * the cloudimg cloud-init lines, or per-NIC networkd files plus a networkd restart (OCI).
@@ -192,7 +192,7 @@ export function hintBase64(hint: string): string {
 }
 
 /**
- * Dotted netmask for a SAC `i <net> <ip> <mask> <gw>` command (§6.6): `/24` ⇒
+ * Dotted netmask for a SAC `i <net> <ip> <mask> <gw>` command (docs/contracts/post-clone.md "Windows static IP"): `/24` ⇒
  * `255.255.255.0`; a prefix outside 0..32 (or not an integer) gives `255.255.255.0`.
  */
 export function prefixToMask(prefix: number): string {

@@ -1,4 +1,4 @@
-/** Restore mode selection for clones (pod-to-vm.md §3.2). */
+/** Restore mode selection for clones (docs/contracts/pod-to-vm.md "Restore mode"). */
 import type { Backend, GuestOS } from '../contract/vm.ts';
 import { guestProfile } from './profiles.ts';
 
@@ -25,7 +25,7 @@ export function parseRestoreModeSetting(
 }
 
 /**
- * `--restore-mode` for a clone (pod-to-vm.md §3.2): never for Firecracker (`undefined`);
+ * `--restore-mode` for a clone (docs/contracts/pod-to-vm.md "Restore mode"): never for Firecracker (`undefined`);
  * Windows is always `copy` (lazy memory restore stalls the DHCP boot); otherwise the
  * configured mode.
  */

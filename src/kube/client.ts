@@ -1,5 +1,5 @@
 // Kubernetes API access on @kubernetes/client-node, with the client-side write rate limits
-// of virtual-node.md §4.2 (token buckets; the Go client's 5 QPS default throttled large
+// of docs/contracts/virtual-node.md "Queues and retries" (token buckets; the Go client's 5 QPS default throttled large
 // nodes): pod writes, node heartbeats and events each have their own budget, every wait
 // for a token is bounded, and a write can carry a per-request timeout that aborts the HTTP
 // request. Also small helpers for the patch content types and request signals.

@@ -1,4 +1,4 @@
-// Authentication and authorization of the kubelet API (virtual-node.md §8; TS addition: the
+// Authentication and authorization of the kubelet API (docs/contracts/virtual-node.md "Authentication and authorization"; TS addition: the
 // Go implementation accepts any TLS client). Client certificates verified against the
 // client CA identify the apiserver; bearer tokens are checked with a TokenReview (cached
 // 2 min); every request is authorized with a SubjectAccessReview on nodes/<subresource>

@@ -1,4 +1,4 @@
-// Query parsing of the kubelet API routes (virtual-node.md §7). Pure; bad values are
+// Query parsing of the kubelet API routes (docs/contracts/virtual-node.md "Kubelet API"). Pure; bad values are
 // reported as messages that the server answers with 400.
 import type { LogOptions } from './ports.ts';
 

@@ -1,6 +1,6 @@
-// The kubelet HTTPS API (virtual-node.md §7): what the apiserver proxies `kubectl logs` and
+// The kubelet HTTPS API (docs/contracts/virtual-node.md "Kubelet API"): what the apiserver proxies `kubectl logs` and
 // `kubectl exec` to, what metrics-server scrapes. Every request except /healthz is
-// authenticated and authorized (§8) unless VK_KUBELET_AUTH=none.
+// authenticated and authorized (docs/contracts/virtual-node.md "Authentication and authorization") unless VK_KUBELET_AUTH=none.
 
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { createServer, type Server } from 'node:https';

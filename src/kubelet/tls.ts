@@ -1,4 +1,4 @@
-// The kubelet API serving certificate (virtual-node.md §8.1): VK_TLS_CERT/VK_TLS_KEY when
+// The kubelet API serving certificate (docs/contracts/virtual-node.md "Serving certificate"): VK_TLS_CERT/VK_TLS_KEY when
 // readable and unexpired, else a self-signed ECDSA P-256 certificate (10 years) with SANs
 // for the node name, localhost, the node IP and 127.0.0.1, kept in memory. Also names
 // certificates for log lines (the client CA bundle, a rejected client certificate).

@@ -1,9 +1,9 @@
 /**
- * The intent engine (lifecycle.md §4) as pure functions over an {@link IntentRecord}.
+ * The intent engine (docs/contracts/lifecycle.md "Intent rules") as pure functions over an {@link IntentRecord}.
  *
  * The provider keeps one record per pod key; it is the single source of truth for the lifecycle
  * triple, and the apiserver copy is a projection of it. These functions decide; the caller owns
- * the map of records, the flush (R1) and the per-key serialization (§10.7).
+ * the map of records, the flush (R1) and the per-key serialization (docs/contracts/lifecycle.md "Single writer").
  */
 import {
   isLifecycleState,
@@ -16,14 +16,14 @@ import {
 } from '../contract/annotations.ts';
 import { truncateUtf8 } from '../util/text.ts';
 
-/** One pod key's lifecycle intent (lifecycle.md §4). */
+/** One pod key's lifecycle intent (docs/contracts/lifecycle.md "Intent rules"). */
 export interface IntentRecord {
   /** `metadata.uid` of the incarnation the intent belongs to (R2). */
   readonly uid: string;
   readonly state: LifecycleState;
   /** Observed generation (int64, exact as bigint). */
   readonly generation: bigint;
-  /** Failure text, `''` for every other state; at most 4096 bytes of UTF-8 (§2.5). */
+  /** Failure text, `''` for every other state; at most 4096 bytes of UTF-8 (docs/contracts/annotations.md "Size limits"). */
   readonly message: string;
   /** {@link comparisonKey} of the last triple that reached the apiserver; `''` when never flushed. */
   readonly flushedKey: string;
@@ -42,7 +42,7 @@ export interface StageRequest {
 export type StageReason =
   /** The record changed (needs a flush). */
   | 'accepted'
-  /** Accepted, but the triple is identical to the current one: nothing to flush (§10.8). */
+  /** Accepted, but the triple is identical to the current one: nothing to flush (docs/contracts/lifecycle.md "Idempotency keyed by VM ID"). */
   | 'unchanged'
   /** R2: the request is for another incarnation than the current intent. */
   | 'uid_mismatch'
@@ -60,7 +60,7 @@ export type StageResult =
       readonly reason: 'uid_mismatch' | 'stale_generation' | 'sticky_failed';
     };
 
-/** Change-detection key `state + "\0" + generation + "\0" + message` (lifecycle.md §2.1). */
+/** Change-detection key `state + "\0" + generation + "\0" + message` (docs/contracts/annotations.md "Lifecycle triple"). */
 export function comparisonKey(record: Pick<IntentRecord, 'state' | 'generation' | 'message'>): string {
   return `${record.state}\0${record.generation}\0${record.message}`;
 }
@@ -69,9 +69,9 @@ export function comparisonKey(record: Pick<IntentRecord, 'state' | 'generation' 
 const REPLACES_FAILED: readonly LifecycleState[] = ['failed', 'creating', 'hibernating'];
 
 /**
- * The message stored for a state: failures keep their text (truncated to 4096 bytes, §2.5);
+ * The message stored for a state: failures keep their text (truncated to 4096 bytes, docs/contracts/annotations.md "Size limits");
  * every other state carries no message, so a stale failure reason never survives into the next
- * state (§2.1).
+ * state (docs/contracts/annotations.md "Lifecycle triple").
  */
 function storedMessage(state: LifecycleState, message: string): string {
   return state === 'failed' ? truncateUtf8(message, MESSAGE_MAX_BYTES) : '';
@@ -172,7 +172,7 @@ export function seedFromAnnotations(
   return { ...seeded, flushedKey: comparisonKey(seeded) };
 }
 
-/** The JSON merge patch of lifecycle.md §2.1 (all three keys together, UID fence of R2). */
+/** The JSON merge patch of docs/contracts/annotations.md "Lifecycle triple" (all three keys together, UID fence of R2). */
 export interface LifecyclePatch {
   readonly metadata: {
     readonly uid: string;

@@ -1,6 +1,6 @@
 /**
- * The owed-step derivation of the level-triggered readiness reconcile (lifecycle.md §10.4)
- * and the ready deadline (§10.5).
+ * The owed-step derivation of the level-triggered readiness reconcile (docs/contracts/lifecycle.md "Owed steps")
+ * and the ready deadline (docs/contracts/lifecycle.md "Ready deadline").
  *
  * {@link deriveOwedStep} re-derives, from observable facts only, what a pod is owed right now.
  * It is called on every reconcile run (UpdatePod, job settled, probe transition, VM event,
@@ -12,21 +12,21 @@ import type { Backend, GuestOS } from '../contract/vm.ts';
 import { type FixupKind, type FixupNic, fixupKind, isStaticNic } from '../guest/postclone.ts';
 import { guestProfile } from '../guest/profiles.ts';
 
-/** IP-wait budget after a cloned boot (§7.2). */
+/** IP-wait budget after a cloned boot (docs/contracts/lifecycle.md "IP wait"). */
 export const IP_WAIT_BUDGET_MS = 45_000;
-/** IP-wait lease poll interval (§7.2). */
+/** IP-wait lease poll interval (docs/contracts/lifecycle.md "IP wait"). */
 export const IP_WAIT_POLL_MS = 200;
-/** When the single Windows `ipconfig /renew` nudge is sent, into the wait (§7.2). */
+/** When the single Windows `ipconfig /renew` nudge is sent, into the wait (docs/contracts/lifecycle.md "IP wait"). */
 export const WINDOWS_RENEW_NUDGE_AFTER_MS = 30_000;
-/** Exec timeout of the renew nudge (§7.2). */
+/** Exec timeout of the renew nudge (docs/contracts/lifecycle.md "IP wait"). */
 export const WINDOWS_RENEW_NUDGE_TIMEOUT_MS = 20_000;
-/** `VK_READY_DEADLINE_SECONDS` default and lower bound (§10.5). */
+/** `VK_READY_DEADLINE_SECONDS` default and lower bound (docs/contracts/lifecycle.md "Ready deadline"). */
 export const DEFAULT_READY_DEADLINE_SECONDS = 600;
 export const MIN_READY_DEADLINE_SECONDS = 480;
-/** Default `VK_RECONCILE_INTERVAL_SECONDS` (§10.4). */
+/** Default `VK_RECONCILE_INTERVAL_SECONDS` (docs/contracts/lifecycle.md "Owed steps"). */
 export const DEFAULT_RECONCILE_INTERVAL_SECONDS = 15;
 
-/** Validates `VK_READY_DEADLINE_SECONDS`: an integer ≥ 480; startup rejects anything else (§10.5). */
+/** Validates `VK_READY_DEADLINE_SECONDS`: an integer ≥ 480; startup rejects anything else (docs/contracts/lifecycle.md "Ready deadline"). */
 export function validateReadyDeadlineSeconds(seconds: number): string | undefined {
   if (!Number.isInteger(seconds) || seconds < MIN_READY_DEADLINE_SECONDS) {
     return `VK_READY_DEADLINE_SECONDS: expected an integer of at least ${MIN_READY_DEADLINE_SECONDS}, got ${seconds}`;
@@ -42,7 +42,7 @@ export interface BoundVm {
   readonly nics: readonly FixupNic[];
 }
 
-/** The registered background job of the pod key, if any (§10.7). */
+/** The registered background job of the pod key, if any (docs/contracts/lifecycle.md "Single writer"). */
 export interface InFlightJob {
   readonly uid: string;
   readonly vmId: string;
@@ -50,7 +50,7 @@ export interface InFlightJob {
   readonly hardDeadline: number;
 }
 
-/** In-memory progress records (§10.8). Ignored unless keyed by the bound VM's ID. */
+/** In-memory progress records (docs/contracts/lifecycle.md "Idempotency keyed by VM ID"). Ignored unless keyed by the bound VM's ID. */
 export interface StepProgress {
   readonly vmId: string;
   /** A fixup succeeded for this VM ID. */
@@ -61,7 +61,7 @@ export interface StepProgress {
   readonly ipWaitStartedAt?: number;
 }
 
-/** Every observable fact the §10.4 table and the §10.5 deadline read. */
+/** Every observable fact the docs/contracts/lifecycle.md "Owed steps" table and the docs/contracts/lifecycle.md "Ready deadline" deadline read. */
 export interface ReadinessFacts {
   /** The provider tracks the pod key (with this incarnation). */
   readonly tracked: boolean;
@@ -87,16 +87,16 @@ export interface ReadinessFacts {
    */
   readonly postCloneFailureReason?: string;
   readonly job: InFlightJob | undefined;
-  /** Clone, fork-from, clone-from-dir, wake/restore (lifecycle.md §6.1). */
+  /** Clone, fork-from, clone-from-dir, wake/restore (docs/contracts/post-clone.md "When a fixup is owed"). */
   readonly clonedBoot: boolean;
-  /** The boot is a CH+Windows restore: no PnP fixup, straight to the IP wait (§6.8). */
+  /** The boot is a CH+Windows restore: no PnP fixup, straight to the IP wait (docs/contracts/lifecycle.md "Not built yet"). */
   readonly chWindowsRestore: boolean;
   /** `wake` for wake/restore boots (IP-wait message and reason), else `create`. */
   readonly bootOp: 'create' | 'wake';
   readonly progress: StepProgress | undefined;
-  /** Resolved IP (§7.1); `''` when none. */
+  /** Resolved IP (docs/contracts/lifecycle.md "IP resolution"); `''` when none. */
   readonly ip: string;
-  /** Monotonic ms: later of "tracked with a VM bound" and "startup reconcile finished" (§10.1). */
+  /** Monotonic ms: later of "tracked with a VM bound" and "startup reconcile finished" (docs/contracts/lifecycle.md "The invariant"). */
   readonly t0: number;
   readonly readyDeadlineSeconds: number;
 }
@@ -112,7 +112,7 @@ export type NoneReason =
   | 'terminal_intent'
   | 'job_in_flight';
 
-/** Table row (1–11) that produced a step, or `deadline` (§10.5). */
+/** Table row (1–11) that produced a step, or `deadline` (docs/contracts/lifecycle.md "Ready deadline"). */
 export type OwedRow = 1 | 2 | 3 | 4 | 5 | 6 | 7 | 8 | 9 | 10 | 11 | 'deadline';
 
 /** What the reconcile must do now. Every VM-related step carries the VM ID it was derived for. */
@@ -135,7 +135,7 @@ export type OwedStep =
       readonly ip: string;
       /**
        * A registered job does not own this decision (another UID or VM ID, past its hard
-       * deadline, or the ready deadline passed) and must be aborted first (§10.6, §10.7).
+       * deadline, or the ready deadline passed) and must be aborted first (docs/contracts/lifecycle.md "Cancellation", docs/contracts/lifecycle.md "Single writer").
        */
       readonly abortJob: boolean;
     }
@@ -165,17 +165,17 @@ export type OwedStep =
 /** The default lifecycle message of a `post-clone-state=failed` without recorded errors (row 5). */
 export const POST_CLONE_FAILED_MESSAGE = 'post-clone setup failed';
 
-/** `<clone|wake> <vmName>: dhcp lease not observed within 45s` (§7.2). */
+/** `<clone|wake> <vmName>: dhcp lease not observed within 45s` (docs/contracts/lifecycle.md "IP wait"). */
 export function ipWaitTimeoutMessage(bootOp: 'create' | 'wake', vmName: string): string {
   return `${bootOp === 'wake' ? 'wake' : 'clone'} ${vmName}: dhcp lease not observed within ${IP_WAIT_BUDGET_MS / 1000}s`;
 }
 
-/** `PostCloneIPWaitTimeout` (clone) or `WakeIPWaitTimeout` (wake) (§7.2). */
+/** `PostCloneIPWaitTimeout` (clone) or `WakeIPWaitTimeout` (wake) (docs/contracts/lifecycle.md "IP wait"). */
 export function ipWaitTimeoutReason(bootOp: 'create' | 'wake'): string {
   return bootOp === 'wake' ? 'WakeIPWaitTimeout' : 'PostCloneIPWaitTimeout';
 }
 
-/** `creating <vmName>: no ready decision within <N>s` (§10.5). */
+/** `creating <vmName>: no ready decision within <N>s` (docs/contracts/lifecycle.md "Ready deadline"). */
 export function readyDeadlineMessage(vmName: string, seconds: number): string {
   return `creating ${vmName}: no ready decision within ${seconds}s`;
 }
@@ -183,7 +183,7 @@ export function readyDeadlineMessage(vmName: string, seconds: number): string {
 export const READY_DEADLINE_REASON = 'ReadyDeadlineExceeded';
 export const POST_CLONE_EXHAUSTED_REASON = 'PostCloneExecExhausted';
 
-/** SAC is owed for Windows VMs with at least one static NIC (§6.6). */
+/** SAC is owed for Windows VMs with at least one static NIC (docs/contracts/post-clone.md "Windows static IP"). */
 export function sacOwed(os: GuestOS, nics: readonly FixupNic[]): boolean {
   return guestProfile(os).staticIpOverSerialConsole && nics.some(isStaticNic);
 }
@@ -191,8 +191,8 @@ export function sacOwed(os: GuestOS, nics: readonly FixupNic[]): boolean {
 const TERMINAL_OR_HIBERNATING: readonly string[] = ['ready', 'hibernating', 'hibernated', 'failed'];
 
 /**
- * Derives the owed step (lifecycle.md §10.4, first match wins) with the ready deadline
- * (§10.5) checked once the pod is known to be eligible and still `creating`:
+ * Derives the owed step (docs/contracts/lifecycle.md "Owed steps", first match wins) with the ready deadline
+ * (docs/contracts/lifecycle.md "Ready deadline") checked once the pod is known to be eligible and still `creating`:
  *
  * 1. not tracked, deleting, unmanaged, macOS, hibernate requested ⇒ none;
  * 2. no VM bound ⇒ none;
@@ -203,15 +203,15 @@ const TERMINAL_OR_HIBERNATING: readonly string[] = ['ready', 'hibernating', 'hib
  * 4. a job for (UID, VM ID) in flight within its hard deadline ⇒ none;
  * 5. `post-clone-state=failed` ⇒ decide failed (message = `post-clone-errors` or
  *    `post-clone setup failed`);
- * 6. cloned boot, fixup needed (§6.1), not a CH+Windows restore, marker absent or `running`,
+ * 6. cloned boot, fixup needed (docs/contracts/post-clone.md "When a fixup is owed"), not a CH+Windows restore, marker absent or `running`,
  *    no fixup success for this VM ID ⇒ start the fixup;
  * 7. SAC owed (Windows, static NIC) and not done for this VM ID ⇒ start SAC;
  * 8. not a cloned boot ⇒ publish ready (run mode does not wait for an IP);
  * 9. IP resolved ⇒ publish ready;
- * 10. IP-wait start recorded more than 45 s ago ⇒ decide failed (§7.2 timeout);
+ * 10. IP-wait start recorded more than 45 s ago ⇒ decide failed (docs/contracts/lifecycle.md "IP wait" timeout);
  * 11. otherwise ⇒ record the IP-wait start if absent and ensure the IP-wait job runs.
  *
- * Progress records of another VM ID are ignored (§10.8): a replaced VM starts clean.
+ * Progress records of another VM ID are ignored (docs/contracts/lifecycle.md "Idempotency keyed by VM ID"): a replaced VM starts clean.
  */
 export function deriveOwedStep(facts: ReadinessFacts, now: number): OwedStep {
   if (!facts.tracked) return { kind: 'none', row: 1, reason: 'not_tracked' };

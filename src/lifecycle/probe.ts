@@ -1,5 +1,5 @@
 /**
- * Probe cadence state machine (pod-to-vm.md §8) and the PodReady rule (lifecycle.md §5).
+ * Probe cadence state machine (docs/contracts/pod-to-vm.md "Probes") and the PodReady rule (docs/contracts/lifecycle.md "PodReady").
  *
  * Before ready: 100 ms after the first failure, ×1.5 per further consecutive failure, capped
  * at 1 s (100, 150, 225, 337.5, 506.25, 759.375, 1000, 1000 … ms — Go `time.Duration`
@@ -14,7 +14,7 @@ export const PROBE_BACKOFF_FACTOR = 1.5;
 export const PROBE_MAX_FAST_INTERVAL_MS = 1000;
 export const PROBE_READY_INTERVAL_MS = 5000;
 export const PROBE_FAILURE_THRESHOLD = 3;
-/** Timeout of one probe (pod-to-vm.md §8). */
+/** Timeout of one probe (docs/contracts/pod-to-vm.md "Probes"). */
 export const PROBE_TIMEOUT_MS = 3000;
 
 export interface ProbeState {
@@ -73,7 +73,7 @@ function nextFastDelay(delayMs: number): number {
   return Math.min(delayMs * PROBE_BACKOFF_FACTOR, PROBE_MAX_FAST_INTERVAL_MS);
 }
 
-/** `Ready` = probe ready ∧ lifecycle `ready` (lifecycle.md §5). */
+/** `Ready` = probe ready ∧ lifecycle `ready` (docs/contracts/lifecycle.md "PodReady"). */
 export function podReady(probeReady: boolean, lifecycle: LifecycleState | ''): boolean {
   return probeReady && lifecycle === 'ready';
 }

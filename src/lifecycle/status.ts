@@ -1,5 +1,5 @@
 /**
- * Pod status computation (lifecycle.md §5, virtual-node.md §5): phase, the four conditions,
+ * Pod status computation (docs/contracts/lifecycle.md "Pod status fields"): phase, the four conditions,
  * `podIP`/`podIPs`, `hostIP`, `startTime` and the single `agent` container status. The result
  * is a plain object assignable to `V1PodStatus` (dates are `Date`s, arrays are mutable types).
  */
@@ -58,14 +58,14 @@ export type PodTermination =
   | { readonly kind: 'deleted' };
 
 export interface PodStatusInput {
-  /** The tracked VM with its resolved IP (§7.1; `''` when none); `undefined` when no VM is tracked. */
+  /** The tracked VM with its resolved IP (docs/contracts/lifecycle.md "IP resolution"; `''` when none); `undefined` when no VM is tracked. */
   readonly vm: { readonly ip: string } | undefined;
   /** Lifecycle intent; during ready publication (R8) pass the staged, unflushed `ready`. */
   readonly lifecycle: LifecycleState | '';
   readonly probeReady: boolean;
   /** Node InternalIP. */
   readonly hostIP: string;
-  /** Set when the VM was bound (pod-to-vm.md §2.1 step 12) and kept afterwards. */
+  /** Set when the VM was bound (docs/contracts/pod-to-vm.md "Binding" step 12) and kept afterwards. */
   readonly startTime: Date | undefined;
   /** The container image from the pod spec. */
   readonly image: string;
@@ -89,7 +89,7 @@ function condition(
 }
 
 /**
- * Computes the pod status (lifecycle.md §5):
+ * Computes the pod status (docs/contracts/lifecycle.md "Pod status fields"):
  *
  * - terminated by eviction ⇒ `Failed`, `agent` terminated (exit code 1, reason, message);
  *   by deletion ⇒ `Succeeded`, `agent` terminated (exit code 0, reason `Completed`);

@@ -1,4 +1,4 @@
-// The provider's Prometheus metrics (pod-to-vm.md §11): every `cocoon_vk_*` family declared on
+// The provider's Prometheus metrics (docs/metrics.md "`cocoon_vk_*` families"): every `cocoon_vk_*` family declared on
 // one private prom-client Registry (never the global default, so tests get isolated copies).
 //
 // Event-driven families are exposed as narrow typed handles (label values the spec enumerates
@@ -90,7 +90,7 @@ export interface Metrics {
   staleCreateReconcile: LabeledCounter<{ outcome: string }>;
   startupResume: LabeledCounter<{ op: StartupResumeOp }>;
   hibernateEvidence: LabeledCounter<{ verdict: HibernateEvidenceVerdict }>;
-  /** `mode` is `clone` or `run`; a restore is labelled `clone` (pod-to-vm.md §2.1 step 8). */
+  /** `mode` is `clone` or `run`; a restore is labelled `clone` (docs/contracts/pod-to-vm.md "CreatePod" step 8). */
   vmBootDuration: LabeledHistogram<{ namespace: string; mode: string; backend: string }>;
   snapshotSaveDuration: LabeledHistogram<{ namespace: string }>;
   snapshotPushDuration: LabeledHistogram<{ namespace: string }>;
@@ -129,7 +129,7 @@ export interface CreateMetricsOptions {
   log?: Logger;
 }
 
-/** Creates a fresh registry with every §11 family. */
+/** Creates a fresh registry with every docs/metrics.md "`cocoon_vk_*` families" family. */
 export function createMetrics(options: CreateMetricsOptions = {}): Metrics {
   const registry = new Registry();
   const registers = [registry];

@@ -1,4 +1,4 @@
-// The Prometheus listener (pod-to-vm.md §11, virtual-node.md §9 `VK_METRICS_ADDR`): plain HTTP,
+// The Prometheus listener (docs/metrics.md "`cocoon_vk_*` families", README.md "Configuration" `VK_METRICS_ADDR`): plain HTTP,
 // `GET /metrics` only, 404 for every other path.
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';

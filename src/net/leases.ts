@@ -1,5 +1,5 @@
 /**
- * cocoon-net lease file (cocoon-cli.md §7) and VM IP resolution (lifecycle.md §7.1).
+ * cocoon-net lease file (docs/contracts/cocoon-cli.md "Lease file") and VM IP resolution (docs/contracts/lifecycle.md "IP resolution").
  *
  * Everything here is pure except {@link LeaseFile}, a small cached reader (stat + read).
  */
@@ -22,7 +22,7 @@ export interface Lease {
 
 /**
  * The outcome of reading the lease file. `ok: true` with no matching lease means "no lease"
- * (clears a cached IP); `ok: false` is any other read error (keep the cached IP, §7.1).
+ * (clears a cached IP); `ok: false` is any other read error (keep the cached IP, docs/contracts/lifecycle.md "IP resolution").
  */
 export type LeaseSnapshot =
   | { readonly ok: true; readonly leases: readonly Lease[] }
@@ -89,7 +89,7 @@ export function parseRfc3339(text: string): number | undefined {
 const LeaseRowSchema = v.object({ mac: v.string(), ip: v.string(), expiry: v.string() });
 
 /**
- * Parses the lease file text (cocoon-cli.md §7.1–§7.2). Empty text, `null` and `[]` mean no
+ * Parses the lease file text (docs/contracts/cocoon-cli.md "Format"–docs/contracts/cocoon-cli.md "Reader rules"). Empty text, `null` and `[]` mean no
  * lease. Rows with a malformed MAC, IP or expiry are skipped. Text that is not JSON, or JSON
  * that is not an array or `null`, is a read error.
  */
@@ -140,12 +140,12 @@ export interface NicAddressing {
 export interface IpResolution {
   /** The resolved IP; `''` when none. */
   readonly ip: string;
-  /** Where it came from; `cached` means the lease file could not be read (§7.1). */
+  /** Where it came from; `cached` means the lease file could not be read (docs/contracts/lifecycle.md "IP resolution"). */
   readonly source: 'static' | 'lease' | 'none' | 'cached';
 }
 
 /**
- * Resolves the VM IP (lifecycle.md §7.1): NIC 0 static ⇒ its static IP (never overridden by a
+ * Resolves the VM IP (docs/contracts/lifecycle.md "IP resolution"): NIC 0 static ⇒ its static IP (never overridden by a
  * lease); otherwise NIC 0's MAC in the lease file: found ⇒ the lease IP; no lease ⇒ `''`
  * (which clears a cached IP: cocoon-net can rebind a MAC); a read error ⇒ `cachedIp`.
  */
@@ -164,7 +164,7 @@ export function resolveIp(
 }
 
 /**
- * Cached reader of the lease file (cocoon-cli.md §7.2): re-stats on every {@link read} and
+ * Cached reader of the lease file (docs/contracts/cocoon-cli.md "Reader rules"): re-stats on every {@link read} and
  * re-parses only when the file's mtime or size changed. Stat and read go through one file
  * handle, so the cache key always describes the bytes parsed (the writer renames atomically).
  * A missing file is "no lease"; any other failure is a read error and is not cached.
@@ -203,7 +203,7 @@ export class LeaseFile {
     }
   }
 
-  /** Reads (cached) and resolves the VM IP in one step (lifecycle.md §7.1). */
+  /** Reads (cached) and resolves the VM IP in one step (docs/contracts/lifecycle.md "IP resolution"). */
   async resolve(
     vm: { readonly nics: readonly NicAddressing[] },
     nowMs: number,

@@ -1,5 +1,5 @@
-// DHCP lease release over the cocoon-net control socket (cocoon-cli.md §7.3,
-// pod-to-vm.md §5.3): `DELETE /v1/leases/<mac>` over HTTP/1.1 on a Unix socket. 204 means
+// DHCP lease release over the cocoon-net control socket (docs/contracts/cocoon-cli.md "Lease release",
+// docs/contracts/cocoon-cli.md "Lease release"): `DELETE /v1/leases/<mac>` over HTTP/1.1 on a Unix socket. 204 means
 // released or nothing to release. Best effort with a 5 s timeout that no caller can cancel;
 // failures are logged and counted, lease expiry is the fallback.
 import { request } from 'node:http';

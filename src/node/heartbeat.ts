@@ -1,4 +1,4 @@
-// Node registration, the node Lease and node status (virtual-node.md §2–§3).
+// Node registration, the node Lease and node status (docs/contracts/virtual-node.md "Node object"–docs/contracts/virtual-node.md "Heartbeat and node status").
 // - Lease kube-node-lease/<node> renewed every 10 s (40 s duration, owned by the Node).
 // - Status patched every 60 s and on change, always carrying the full desired set of
 //   provider-owned conditions (never adopting values read back from the server).
@@ -130,7 +130,7 @@ export class NodeAgent {
     this.#every(statusMs, () => this.#patchStatus());
     this.#every(healthMs, () => this.#checkHealth());
     // Labels and the daemon endpoint are re-asserted on the live node after registration,
-    // because the node may have existed with stale labels (§2).
+    // because the node may have existed with stale labels (docs/contracts/virtual-node.md "Node object").
     void this.#reassertLater();
     this.#watchOwnNode();
   }

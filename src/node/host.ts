@@ -1,4 +1,4 @@
-// Host facts for the node object (virtual-node.md §2), read once at start.
+// Host facts for the node object (docs/contracts/virtual-node.md "Node object"), read once at start.
 import { readFileSync, statfsSync } from 'node:fs';
 import { availableParallelism, networkInterfaces } from 'node:os';
 

@@ -1,4 +1,4 @@
-// The desired Node object (virtual-node.md §2). Pure: built from configuration and host
+// The desired Node object (docs/contracts/virtual-node.md "Node object"). Pure: built from configuration and host
 // facts, unit-tested; the heartbeat writes it.
 import type { V1Node, V1NodeCondition } from '@kubernetes/client-node';
 import type { Config } from '../config/env.ts';
@@ -26,7 +26,7 @@ export interface NodeFacts {
   host: HostFacts;
   nodeIP: string;
   version: string;
-  /** WebSocket exec passes the exec suite: declare ExtendWebSocketsToKubelet (§7.2). */
+  /** WebSocket exec passes the exec suite: declare ExtendWebSocketsToKubelet (docs/contracts/virtual-node.md "Node object"). */
   declareWebSockets: boolean;
 }
 

@@ -1,5 +1,5 @@
 // The pod controller: the framework half that watches this node's pods and calls the
-// provider (virtual-node.md §4–§6). It is level-triggered: every sync re-reads the pod
+// provider (docs/contracts/virtual-node.md "Pod controller"–docs/contracts/virtual-node.md "Environment resolution"). It is level-triggered: every sync re-reads the pod
 // from the watch cache and the provider's copy and decides from those, never from what an
 // earlier callback remembered. Per key, at most one sync runs; a newer event never
 // cancels a sync in flight, it only schedules one more run.
@@ -122,7 +122,7 @@ export class PodController {
     this.#synced = true;
     // Statuses the provider published before now (startup reconcile) are written from here.
     this.#status.start((key) => this.cached(key));
-    // Dangling sweep (§4.5): the list is node-scoped, so only this node's pods count.
+    // Dangling sweep (docs/contracts/virtual-node.md "Dangling-pod sweep"): the list is node-scoped, so only this node's pods count.
     for (const pod of this.#o.provider.getPods()) {
       const key = keyOf(pod);
       if (this.cached(key)) continue;
@@ -197,7 +197,7 @@ export class PodController {
     const pod = this.cached(key);
     const provider = this.#o.provider;
     if (!pod) {
-      // Deleted from the API (§4.3 step 1): delete in the provider with its own copy.
+      // Deleted from the API (docs/contracts/virtual-node.md "Sync decisions" step 1): delete in the provider with its own copy.
       const tracked = provider.getPod(namespace, name);
       if (tracked) await this.#providerDelete(tracked);
       this.#forget(key);
@@ -268,7 +268,7 @@ export class PodController {
     const tracked = this.#o.provider.getPod(namespace, name);
     if (tracked) {
       // Every tracked pod goes through DeletePod, even with no container running: the
-      // Go framework's shortcut here can leak a VM that is still booting (§4.3).
+      // Go framework's shortcut here can leak a VM that is still booting (docs/contracts/virtual-node.md "Sync decisions").
       try {
         await this.#providerDelete(pod);
       } catch (err) {
@@ -445,7 +445,7 @@ export class PodController {
   }
 }
 
-/** The pod queue's retry delay after `attempt` failures (5 ms doubling to 1000 s, §4.2). */
+/** The pod queue's retry delay after `attempt` failures (5 ms doubling to 1000 s, docs/contracts/virtual-node.md "Queues and retries"). */
 function syncBackoffMs(attempt: number): number {
   return Math.min(1_000_000, 5 * 2 ** Math.min(attempt - 1, 40));
 }

@@ -1,4 +1,4 @@
-// Container environment resolution (virtual-node.md §6). The guest VM never receives the
+// Container environment resolution (docs/contracts/virtual-node.md "Environment resolution"). The guest VM never receives the
 // environment: resolution exists for validation, for the standard kubelet events, and to
 // hold back pods whose mandatory ConfigMap/Secret is missing. Sources are injected, so the
 // rules are unit-tested without a cluster; the pod controller supplies API-backed sources.

@@ -1,4 +1,4 @@
-// Semantic comparison of pod objects (virtual-node.md §4.3 step 4–5, pitfall 9): nil equals
+// Semantic comparison of pod objects (docs/contracts/virtual-node.md "Sync decisions" step 4–5, pitfall 9): nil equals
 // empty, env order does not matter, status and bookkeeping fields are ignored. Pure.
 import type { V1Pod } from '@kubernetes/client-node';
 

@@ -1,4 +1,4 @@
-// Builds the UID-fenced strategic merge patch for pods/<name>/status (virtual-node.md §5).
+// Builds the UID-fenced strategic merge patch for pods/<name>/status (docs/contracts/virtual-node.md "Status writes").
 // A strategic merge patch merges maps, so switching a container from `running` to
 // `terminated` must null the other state keys explicitly, and a cleared podIP must be
 // sent as null, or the old values would survive. Pure.

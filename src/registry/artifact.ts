@@ -1,7 +1,7 @@
 /**
- * Snapshot artifacts, pure (registry.md §4): media types, manifest classification and reader
- * validation (§4.3), image-index resolution, the config blob, and the translation into the
- * `cocoon snapshot import` tar (§5 step 3: the snapshot.json envelope and the entry plan).
+ * Snapshot artifacts, pure (docs/registry.md "Snapshot artifact format"): media types, manifest classification and reader
+ * validation (docs/registry.md "Reader validation"), image-index resolution, the config blob, and the translation into the
+ * `cocoon snapshot import` tar (docs/registry.md "Pull flow" step 3: the snapshot.json envelope and the entry plan).
  * Nothing here does I/O; every check fails closed before a byte is streamed.
  */
 import * as v from 'valibot';
@@ -31,7 +31,7 @@ export const MEDIA_TYPE = {
 } as const;
 
 /**
- * The `Accept` header of every manifest GET/HEAD (registry.md §3): CNCF distribution 2.x
+ * The `Accept` header of every manifest GET/HEAD (docs/registry.md "Distribution API subset"): CNCF distribution 2.x
  * answers 404 for an OCI manifest when the header does not list its media type.
  */
 export const MANIFEST_ACCEPT = [
@@ -44,12 +44,12 @@ export const MANIFEST_ACCEPT = [
 /** The annotation that names a layer's file. */
 export const TITLE_ANNOTATION = 'org.opencontainers.image.title';
 
-/** Largest config blob a reader accepts (registry.md §4.2). */
+/** Largest config blob a reader accepts (docs/registry.md "Config blob"). */
 export const MAX_CONFIG_BYTES = 64 * 1024 * 1024;
 /** Largest manifest a reader accepts (distribution's own limit is 4 MiB). */
 export const MAX_MANIFEST_BYTES = 4 * 1024 * 1024;
 
-/** Snapshot layer media types (registry.md §4.1). */
+/** Snapshot layer media types (docs/registry.md "Media types"). */
 export const SNAPSHOT_LAYER_TYPES: ReadonlySet<string> = new Set([
   MEDIA_TYPE.vmConfig,
   MEDIA_TYPE.vmState,
@@ -60,7 +60,7 @@ export const SNAPSHOT_LAYER_TYPES: ReadonlySet<string> = new Set([
   MEDIA_TYPE.octetStream,
 ]);
 
-/** The layer media type a writer uses for a file name (registry.md §4.1 table). */
+/** The layer media type a writer uses for a file name (docs/registry.md "Media types" table). */
 export function layerMediaType(fileName: string): string {
   switch (fileName) {
     case 'config.json':
@@ -227,7 +227,7 @@ export function parseManifestDocument(
 }
 
 /**
- * The index child to follow (registry.md §4.3): the `linux/amd64` child, else the first child
+ * The index child to follow (docs/registry.md "Reader validation"): the `linux/amd64` child, else the first child
  * whose architecture is not `unknown` (attestation manifests use `unknown/unknown`).
  */
 export function selectIndexChild(children: readonly IndexChild[]): IndexChild | undefined {
@@ -237,7 +237,7 @@ export function selectIndexChild(children: readonly IndexChild[]): IndexChild | 
   );
 }
 
-// --- Classification (§4.3) --------------------------------------------------------------
+// --- Classification (docs/registry.md "Reader validation") --------------------------------------------------------------
 
 export type ArtifactKind = 'snapshot' | 'cloud-image' | 'container-image' | 'index' | 'unknown';
 
@@ -248,7 +248,7 @@ export interface Classification {
 }
 
 /**
- * Classifies a manifest document (registry.md §4.3): `artifactType` first (snapshot v1/v2,
+ * Classifies a manifest document (docs/registry.md "Reader validation"): `artifactType` first (snapshot v1/v2,
  * cloud image incl. the legacy windows-image type), then the config media type (an OCI or
  * Docker image config is a container image, never consumed here), then index types, else
  * unknown.
@@ -268,7 +268,7 @@ export function classifyArtifact(doc: ManifestDocument): Classification {
   return { kind: 'unknown', version: 0 };
 }
 
-// --- Snapshot manifest validation (§4.3) ------------------------------------------------
+// --- Snapshot manifest validation (docs/registry.md "Reader validation") ------------------------------------------------
 
 /** A validated snapshot layer: its descriptor and its file name (the title annotation). */
 export interface SnapshotLayer extends Descriptor {
@@ -303,8 +303,8 @@ function titleProblem(title: string): string | undefined {
 }
 
 /**
- * Validates a manifest as a snapshot artifact (registry.md §4.3): snapshot `artifactType`,
- * the snapshot config media type, every layer of a §4.1 type (the `+zstd` form only under v2),
+ * Validates a manifest as a snapshot artifact (docs/registry.md "Reader validation"): snapshot `artifactType`,
+ * the snapshot config media type, every layer of a docs/registry.md "Media types" type (the `+zstd` form only under v2),
  * and every layer titled with a safe, (v1:) unique file name.
  */
 export function validateSnapshotManifest(doc: ManifestDocument): Decoded<SnapshotManifest> {
@@ -352,7 +352,7 @@ export function validateSnapshotManifest(doc: ManifestDocument): Decoded<Snapsho
   return { ok: true, value: { version, config: m.config, layers, annotations: m.annotations } };
 }
 
-// --- Config blob (§4.2) -----------------------------------------------------------------
+// --- Config blob (docs/registry.md "Config blob") -----------------------------------------------------------------
 
 const OPAQUE = v.union([v.string(), v.number()]);
 
@@ -397,7 +397,7 @@ export interface SnapshotFileInfo {
 /** The snapshot config blob (camelCase; unknown fields are kept in `raw`). */
 export interface SnapshotConfig {
   readonly schemaVersion: string;
-  /** Identity anchor (registry.md §6.2). */
+  /** Identity anchor (docs/registry.md "Config blob"). */
   readonly snapshotId: string;
   readonly image?: string;
   readonly imageDigest?: string;
@@ -466,9 +466,9 @@ export function parseSnapshotConfig(
   };
 }
 
-// --- Import tar (§5 step 3) -------------------------------------------------------------
+// --- Import tar (docs/registry.md "Pull flow" step 3) -------------------------------------------------------------
 
-/** The `snapshot.json` envelope of `cocoon snapshot import` (cocoon-cli.md §3.4). */
+/** The `snapshot.json` envelope of `cocoon snapshot import` (docs/registry.md "Pull flow"). */
 export interface SnapshotEnvelope {
   readonly version: 1;
   readonly config: Readonly<Record<string, unknown>>;
@@ -525,7 +525,7 @@ function paxValue(what: string, value: string | number): string {
 }
 
 /**
- * The layer entries of the import tar, in manifest order (registry.md §5 step 3): name =
+ * The layer entries of the import tar, in manifest order (docs/registry.md "Pull flow" step 3): name =
  * title, size = blob size, mode = `files[title].mode` or 0640, and PAX records
  * `COCOON.sparse.map` / `COCOON.sparse.size` when the config marks the file sparse.
  */
@@ -557,7 +557,7 @@ export function planTarEntries(manifest: SnapshotManifest, config: SnapshotConfi
   return { ok: true, value: entries };
 }
 
-// --- Read-ahead planning (§5 step 4) ----------------------------------------------------
+// --- Read-ahead planning (docs/registry.md "Pull flow" step 4) ----------------------------------------------------
 
 /** What the read-ahead scheduler knows about one layer. */
 export interface ReadAheadState {

@@ -1,5 +1,5 @@
 /**
- * Registry authentication, pure parts (registry.md §3.1): `WWW-Authenticate` challenges, the
+ * Registry authentication, pure parts (docs/registry.md "Authentication"): `WWW-Authenticate` challenges, the
  * token endpoint's answer, scopes, Basic headers and docker config credentials.
  */
 
@@ -23,7 +23,7 @@ export interface BearerToken {
   readonly expiresInSeconds: number;
 }
 
-/** Default token lifetime when `expires_in` is absent (registry.md §3.1). */
+/** Default token lifetime when `expires_in` is absent (docs/registry.md "Authentication"). */
 export const DEFAULT_TOKEN_SECONDS = 60;
 
 const TOKEN68_OR_NAME = /[A-Za-z0-9!#$%&'*+.^_`|~/=-]/;
@@ -86,7 +86,7 @@ export function parseWwwAuthenticate(header: string): Challenge[] {
   return challenges;
 }
 
-/** `repository:<name>:<actions>` (registry.md §3.1), actions in the given order. */
+/** `repository:<name>:<actions>` (docs/registry.md "Authentication"), actions in the given order. */
 export function repositoryScope(name: string, actions: readonly string[]): string {
   return `repository:${name}:${actions.join(',')}`;
 }
@@ -171,7 +171,7 @@ function decodeAuthEntry(entry: unknown): Credential | undefined {
  * The credential for `host` (`host[:port]`) in a parsed docker config: `auths.<host>.auth`
  * (base64 `user:password`), or plain `username`/`password` fields. An exact key wins over a key
  * that only matches once its scheme and path are dropped (`https://host/v1/`). Credential
- * helpers (`credsStore`, `credHelpers`) are out of scope (registry.md §3.1).
+ * helpers (`credsStore`, `credHelpers`) are out of scope (docs/registry.md "Authentication").
  */
 export function dockerConfigCredential(config: unknown, host: string): Credential | undefined {
   if (typeof config !== 'object' || config === null) return undefined;

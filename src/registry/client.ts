@@ -1,5 +1,5 @@
 /**
- * OCI distribution client, read path (registry.md §2, §3, §3.1): ping, manifest HEAD/GET
+ * OCI distribution client, read path (docs/registry.md "Transport and errors", docs/registry.md "Distribution API subset", docs/registry.md "Authentication"): ping, manifest HEAD/GET
  * (with the mandatory Accept header and index resolution), verified streaming blob GET.
  *
  * Transport: node:http/https over HTTP/1.1 with a keep-alive pool of up to 32 idle sockets per
@@ -110,7 +110,7 @@ export interface RegistryClientOptions {
   readonly log?: Logger;
   /** Socket inactivity that fails a request (default 120 s). */
   readonly idleTimeoutMs?: number;
-  /** Idle keep-alive sockets kept per host (default 32, registry.md §2). */
+  /** Idle keep-alive sockets kept per host (default 32, docs/registry.md "Transport and errors"). */
   readonly maxIdleSockets?: number;
 }
 
@@ -289,7 +289,7 @@ export class RegistryClient {
     drain(res);
   }
 
-  /** `HEAD` a manifest: `{digest}` when it exists, `'absent'` on 404 (registry.md §2). */
+  /** `HEAD` a manifest: `{digest}` when it exists, `'absent'` on 404 (docs/registry.md "Transport and errors"). */
   async headManifest(name: string, ref: Reference, signal?: AbortSignal): Promise<ManifestHead | 'absent'> {
     const res = await this.request({
       method: 'HEAD',
@@ -315,7 +315,7 @@ export class RegistryClient {
 
   /**
    * `GET` a manifest (404 ⇒ `'absent'`). An index is resolved to its `linux/amd64` child, else
-   * the first child whose architecture is not `unknown` (registry.md §4.3); a missing child is
+   * the first child whose architecture is not `unknown` (docs/registry.md "Reader validation"); a missing child is
    * an error, not absence. A manifest fetched by digest is checked against the digest.
    */
   async getManifest(name: string, ref: Reference, signal?: AbortSignal): Promise<FetchedManifest | 'absent'> {
@@ -469,7 +469,7 @@ export class RegistryClient {
       if (next.protocol === 'http:' && this.base.scheme === 'https') {
         throw new RegistryError('http', `redirect from HTTPS to plain HTTP (${next.host}) refused`);
       }
-      // Never forward credentials to another host (registry.md §2).
+      // Never forward credentials to another host (docs/registry.md "Transport and errors").
       const headers = { ...baseHeaders };
       if (next.host === this.base.host && authorization) headers.authorization = authorization;
       this.#log.debug({ from: current.host, to: next.host, status: res.statusCode }, 'following redirect');
@@ -642,7 +642,7 @@ export class RegistryClient {
 
 /**
  * The client of a configured registry, or `undefined` without `OCI_REGISTRY` (clone-source
- * pulls are then disabled, registry.md §1).
+ * pulls are then disabled, docs/registry.md "Naming").
  */
 export function registryFromConfig(
   config: { readonly ociRegistry: string | undefined; readonly registryPlainHttp: boolean },

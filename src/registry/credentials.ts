@@ -1,5 +1,5 @@
 /**
- * Registry credential sources (registry.md §3.1 item 2), tried in order for a host. Only the
+ * Registry credential sources (docs/registry.md "Authentication" item 2), tried in order for a host. Only the
  * docker config source exists in this tier; Google Application Default Credentials plug in
  * here as another {@link CredentialSource} placed first (see {@link defaultCredentialSources}).
  */
@@ -59,7 +59,7 @@ export async function lookupCredential(
 }
 
 /**
- * The credential sources of the provider, in the order of registry.md §3.1:
+ * The credential sources of the provider, in the order of docs/registry.md "Authentication":
  *
  * 1. Google Application Default Credentials — **not implemented in this tier**. The hook is
  *    this list: a future `googleAdcSource()` returning `{username: 'oauth2accesstoken',

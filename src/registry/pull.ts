@@ -1,5 +1,5 @@
 /**
- * Snapshot pull (registry.md §5; pod-to-vm.md §2.3 step 3): a snapshot artifact streamed from
+ * Snapshot pull (docs/registry.md "Pull flow"; docs/contracts/pod-to-vm.md "Bring-up: clone" step 3): a snapshot artifact streamed from
  * the registry into `cocoon snapshot import`.
  *
  * 1. GET the manifest (index resolved), classify, require a v1 snapshot; GET and validate the
@@ -40,11 +40,11 @@ const MiB = 1024 * 1024;
 export const DEFAULT_PULL_BUDGET_MIB = 2048;
 /** Default parallel blob downloads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
 export const DEFAULT_TRANSFER_CONCURRENCY = 8;
-/** Own cap of one pull (pod-to-vm.md §2.3 step 3). */
+/** Own cap of one pull (docs/contracts/pod-to-vm.md "Bring-up: clone" step 3). */
 export const PULL_CAP_MS = 30 * 60 * 1000;
 /** Deadline of the short cocoon calls around the import (rm, inspect). */
 const SHORT_CALL_MS = 60_000;
-/** `snapshot rm` of a leased snapshot is retried this long, this often (cocoon-cli.md §5). */
+/** `snapshot rm` of a leased snapshot is retried this long, this often (docs/contracts/cocoon-cli.md "Error classification"). */
 const LEASED_RETRY_MS = 30_000;
 const LEASED_RETRY_EVERY_MS = 500;
 
@@ -102,7 +102,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
     new SnapshotPullError(`pull snapshot ${display} into ${localName}: ${message}`, extra);
   const started = performance.now();
 
-  // 1. Manifest and config, validated before anything streams (registry.md §4.3).
+  // 1. Manifest and config, validated before anything streams (docs/registry.md "Reader validation").
   const fetched = await registry.getManifest(name, ref, opts.signal).catch((error: unknown) => {
     throw fail((error as Error).message, { cause: error });
   });
@@ -404,7 +404,7 @@ interface ReadAheadOptions {
 }
 
 /**
- * Schedules blob downloads (registry.md §5 step 4): the head layer streams; later layers are
+ * Schedules blob downloads (docs/registry.md "Pull flow" step 4): the head layer streams; later layers are
  * read ahead into memory while their full size fits in the free budget ({@link nextReadAhead}).
  * The budget is reserved at start and released as the tar writer consumes the bytes.
  */
@@ -554,7 +554,7 @@ export interface SnapshotPullerOptions {
 }
 
 /**
- * Ensures clone-source snapshots are present (pod-to-vm.md §2.3 step 3): inspect the local
+ * Ensures clone-source snapshots are present (docs/contracts/pod-to-vm.md "Bring-up: clone" step 3): inspect the local
  * name; when missing, pull `<OCI_REGISTRY>/<repo>:<tag>` into it. Pulls are de-duplicated per
  * local name — callers arriving while one runs share it, and the pull itself re-checks the
  * local name first. A pull is not bound to any caller's signal (the caller's signal only stops

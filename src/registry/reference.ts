@@ -1,5 +1,5 @@
 /**
- * Registry naming (registry.md §1, §2), pure: the `OCI_REGISTRY` base (host plus optional path
+ * Registry naming (docs/registry.md "Naming", docs/registry.md "Transport and errors"), pure: the `OCI_REGISTRY` base (host plus optional path
  * prefix), repository names under it, and tag/digest references.
  */
 
@@ -13,7 +13,7 @@ export interface RegistryBase {
   readonly prefix: string;
 }
 
-/** A manifest reference: a tag, or a `sha256:` digest (registry.md §1). */
+/** A manifest reference: a tag, or a `sha256:` digest (docs/registry.md "Naming"). */
 export type Reference =
   | { readonly kind: 'tag'; readonly value: string }
   | { readonly kind: 'digest'; readonly value: string };
@@ -40,7 +40,7 @@ function hostname(host: string): string {
   return colon < 0 ? h : h.slice(0, colon);
 }
 
-/** True for `localhost`, `127.0.0.1` and `[::1]`, with any port (registry.md §2). */
+/** True for `localhost`, `127.0.0.1` and `[::1]`, with any port (docs/registry.md "Transport and errors"). */
 export function isLoopbackHost(host: string): boolean {
   return LOOPBACK_HOSTS.has(hostname(host));
 }
@@ -119,7 +119,7 @@ export function parseReference(ref: string): Reference {
   return { kind: 'tag', value: ref };
 }
 
-/** `<name>:<tag>` or `<name>@<digest>` (registry.md §1). */
+/** `<name>:<tag>` or `<name>@<digest>` (docs/registry.md "Naming"). */
 export function joinReference(name: string, ref: Reference): string {
   return ref.kind === 'digest' ? `${name}@${ref.value}` : `${name}:${ref.value}`;
 }

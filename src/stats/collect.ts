@@ -1,5 +1,5 @@
 // Feeds the per-VM `cocoon_vk_vm_*` and node `cocoon_vk_node_*` families from the shared stats
-// sample at scrape time (pod-to-vm.md §11).
+// sample at scrape time (docs/metrics.md "The shared sample").
 import type { Metrics, NodeMetrics, VmLabel, VmMetrics } from '../metrics/registry.ts';
 import type { Sample } from './types.ts';
 

@@ -1,4 +1,4 @@
-// kubelet `/metrics/resource` (virtual-node.md §7.4): the Prometheus text metrics-server ≥ 0.6
+// kubelet `/metrics/resource` (docs/metrics.md "`/metrics/resource`"): the Prometheus text metrics-server ≥ 0.6
 // scrapes, built from one sample. Pure.
 //
 // Hand-written rather than through prom-client because every sample needs an explicit

@@ -1,4 +1,4 @@
-// Kubelet API routes for stats (virtual-node.md §7.4), mounted by src/kubelet/server.ts through
+// Kubelet API routes for stats (docs/contracts/virtual-node.md "Routes"), mounted by src/kubelet/server.ts through
 // its `extraRoutes` option (which also handles authn/authz, GET-only and errors).
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { buildResourceMetrics, RESOURCE_METRICS_CONTENT_TYPE } from './resource-metrics.ts';

@@ -1,4 +1,4 @@
-// The shared stats sample (pod-to-vm.md §11, virtual-node.md §7.4): one read of the kernel files
+// The shared stats sample (docs/metrics.md "The shared sample", docs/metrics.md "The shared sample"): one read of the kernel files
 // for every tracked VM and the node, at most every 2 s, shared by /stats/summary,
 // /metrics/resource and the `cocoon_vk_vm_*` / `cocoon_vk_node_*` families. Every read is best
 // effort: a missing file or dead pid yields zeros; `sample()` never rejects.
@@ -40,7 +40,7 @@ export interface SamplerConfig {
 
 export type ListVms = () => readonly TrackedVm[] | Promise<readonly TrackedVm[]>;
 
-/** `firecracker` ⇒ `firecracker`, anything else ⇒ `cloudhypervisor` (cocoon-cli.md §6). */
+/** `firecracker` ⇒ `firecracker`, anything else ⇒ `cloudhypervisor` (docs/contracts/cocoon-cli.md "Files read under COCOON_ROOT_DIR"). */
 export function backendDir(backend: string): string {
   return backend === 'firecracker' ? 'firecracker' : 'cloudhypervisor';
 }

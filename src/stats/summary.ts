@@ -1,4 +1,4 @@
-// kubelet `/stats/summary` (stats/v1alpha1 Summary, virtual-node.md §7.4) built from one sample.
+// kubelet `/stats/summary` (stats/v1alpha1 Summary, docs/metrics.md "`/stats/summary`") built from one sample.
 // Pure. Each VM is one pod with one container (`agent` unless the tracked VM names another).
 import type { PrevCpu, Sample, VmSample } from './types.ts';
 

@@ -16,7 +16,7 @@ export interface TrackedVm {
   startTime: Date;
   /** TAP device name(s) from `network_configs[].tap`; missing ⇒ network counters are 0. */
   tap?: string | readonly string[];
-  /** Container name reported for the VM (default `agent`, virtual-node.md §7.4). */
+  /** Container name reported for the VM (default `agent`, docs/metrics.md "`/metrics/resource`"). */
   container?: string;
 }
 

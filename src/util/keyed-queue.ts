@@ -1,4 +1,4 @@
-// Per-key serialization (lifecycle.md §10.7): every entry point for one pod key runs
+// Per-key serialization (docs/contracts/lifecycle.md "Single writer"): every entry point for one pod key runs
 // through one promise chain, so two operations on a pod never interleave, while different
 // keys run concurrently. A task that throws does not break the chain for the next one.
 

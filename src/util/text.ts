@@ -9,7 +9,7 @@ function utf8Length(codePoint: number): number {
 
 /**
  * Truncates `text` to at most `maxBytes` bytes of UTF-8 without splitting a code point
- * (lifecycle.md §2.5). The result is always well formed: a lone surrogate (which UTF-8 cannot
+ * (docs/contracts/annotations.md "Size limits"). The result is always well formed: a lone surrogate (which UTF-8 cannot
  * encode) is replaced by U+FFFD, exactly what `TextEncoder` and the apiserver would store.
  * A pure-ASCII text longer than the cap is cut to exactly `maxBytes` bytes.
  */

@@ -1,4 +1,4 @@
-// A keyed work queue with client-go workqueue semantics (virtual-node.md §4.2): a key is
+// A keyed work queue with client-go workqueue semantics (docs/contracts/virtual-node.md "Queues and retries"): a key is
 // handled by at most one worker at a time; events for a busy key coalesce into one re-run;
 // failures are retried with per-key exponential backoff (5 ms doubling to 1000 s) and no
 // give-up. Hand-written because no maintained npm package offers these semantics.

@@ -1,5 +1,5 @@
 /**
- * CPU policy mapping (pod-to-vm.md §3.1): cgroup weight, quota and period for every run and
+ * CPU policy mapping (docs/contracts/pod-to-vm.md "CPU policy"): cgroup weight, quota and period for every run and
  * clone path (wake included: cocoon never inherits cgroup knobs from a snapshot), and the run
  * mode `--cpu` count.
  */
@@ -34,7 +34,7 @@ function positive(milli: bigint | undefined): bigint | undefined {
 }
 
 /**
- * Maps CPU request and limit (millicores) to the cocoon CPU flags (pod-to-vm.md §3.1):
+ * Maps CPU request and limit (millicores) to the cocoon CPU flags (docs/contracts/pod-to-vm.md "CPU policy"):
  *
  * - `m` = request, else limit, else 0 (BestEffort). A zero request counts as no request.
  * - `shares = clamp(m × 1024 / 1000, 2, 262144)` (integer division).

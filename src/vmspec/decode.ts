@@ -1,5 +1,5 @@
 /**
- * VMSpec decoding from pod annotations (pod-to-vm.md §1).
+ * VMSpec decoding from pod annotations (docs/contracts/annotations.md "VMSpec keys").
  *
  * All values are strings and a missing key reads as `""`. Booleans are true only for the exact
  * string `"true"`. Reader defaults apply to pods that lack a key. Input errors name the
@@ -119,7 +119,7 @@ export type VMSpecDecodeResult =
 const quote = JSON.stringify;
 
 /**
- * Decodes the VMSpec of a pod (pod-to-vm.md §1). Errors (every one found, not just the first):
+ * Decodes the VMSpec of a pod (docs/contracts/annotations.md "VMSpec keys"). Errors (every one found, not just the first):
  *
  * - managed pod without `vm.cocoonstack.io/name` (`missing_vmname`); a name not matching
  *   `^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`;
@@ -130,7 +130,7 @@ const quote = JSON.stringify;
  * - Firecracker with `os=windows`, or with an `http(s)://` image in run mode;
  * - managed pods: missing image where one is needed, an image that starts with `-` or contains
  *   whitespace, a fork source that is not a VM name, a clone dir that is not an absolute clean
- *   path, or a clone dir combined with mode `run` or with `fork-from` (§2.6).
+ *   path, or a clone dir combined with mode `run` or with `fork-from` (docs/contracts/annotations.md "VMSpec keys").
  */
 export function decodeVMSpec(
   annotations: Readonly<Record<string, string>> | undefined,
@@ -342,7 +342,7 @@ function sumResources(containers: VMSpecPodInput['containers']): PodResourceTota
   };
 }
 
-/** Run mode `--memory` (pod-to-vm.md §2.4): the memory request in bytes, else the limit. */
+/** Run mode `--memory` (docs/contracts/pod-to-vm.md "Bring-up: run"): the memory request in bytes, else the limit. */
 export function runMemoryBytes(
   spec: Pick<VMSpec, 'memoryRequestBytes' | 'memoryLimitBytes'>,
 ): bigint | undefined {
@@ -350,7 +350,7 @@ export function runMemoryBytes(
 }
 
 /**
- * Whether the boot is a cloned boot (lifecycle.md §6.1): every mode but `run`, and `run` with
+ * Whether the boot is a cloned boot (docs/contracts/post-clone.md "When a fixup is owed"): every mode but `run`, and `run` with
  * a clone source (`fork-from` or `clone-from-dir`). Restore/wake boots are cloned boots too;
  * the caller knows those from the bring-up path.
  */

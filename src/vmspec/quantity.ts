@@ -1,6 +1,6 @@
 /**
  * Kubernetes resource quantities (`20Gi`, `500m`, `1.5G`, `4e3`) as exact rationals
- * (pod-to-vm.md §3.3).
+ * (docs/contracts/pod-to-vm.md "Sizes").
  *
  * Hand-written on purpose: @kubernetes/client-node 2.x ships no quantity parser with exact
  * arithmetic (its helpers go through floating point), and sizes and millicores must be exact
@@ -131,7 +131,7 @@ function quantityText(input: QuantityInput): string {
 }
 
 /**
- * A size for the CLI in plain bytes (pod-to-vm.md §3.3, `4Gi` ⇒ `4294967296n`). Zero,
+ * A size for the CLI in plain bytes (docs/contracts/pod-to-vm.md "Sizes", `4Gi` ⇒ `4294967296n`). Zero,
  * negative and unparsable quantities yield `undefined` (the flag is omitted).
  */
 export function parseByteSize(input: QuantityInput | undefined): bigint | undefined {

@@ -1,4 +1,4 @@
-/** Role derivation for the `main-only` snapshot policy (pod-to-vm.md §1, last paragraph). */
+/** Role derivation for the `main-only` snapshot policy (docs/contracts/annotations.md "Role derivation", last paragraph). */
 import { parseInt64 } from '../contract/annotations.ts';
 import type { VMRole } from '../contract/vm.ts';
 

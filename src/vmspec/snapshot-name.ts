@@ -1,4 +1,4 @@
-/** Clone image split and the tag-aware local snapshot name (pod-to-vm.md §2.3 steps 1–2). */
+/** Clone image split and the tag-aware local snapshot name (docs/contracts/pod-to-vm.md "Local snapshot name" steps 1–2). */
 import { createHash } from 'node:crypto';
 import { truncateUtf8 } from '../util/text.ts';
 
@@ -16,7 +16,7 @@ export interface CloneImage {
   readonly tag: string;
 }
 
-/** Splits a clone image at the first `:` (pod-to-vm.md §2.3 step 1); an empty tag ⇒ `latest`. */
+/** Splits a clone image at the first `:` (docs/contracts/pod-to-vm.md "Local snapshot name" step 1); an empty tag ⇒ `latest`. */
 export function splitCloneImage(image: string): CloneImage {
   const colon = image.indexOf(':');
   if (colon < 0) return { repo: image, tag: 'latest' };
@@ -25,7 +25,7 @@ export function splitCloneImage(image: string): CloneImage {
 }
 
 /**
- * The local snapshot name of a clone image (pod-to-vm.md §2.3 step 2): `repo` for tag
+ * The local snapshot name of a clone image (docs/contracts/pod-to-vm.md "Local snapshot name" step 2): `repo` for tag
  * `latest` (or none), else `repo:tag`. A name longer than 63 characters becomes its first 50
  * characters + `-` + the first 12 lowercase hex digits of SHA-256(full name), 63 in total.
  *

@@ -1,4 +1,4 @@
-// The exec transports of the kubelet API (virtual-node.md §7.2): SPDY/3.1 (what kube-apiserver speaks
+// The exec transports of the kubelet API (docs/contracts/virtual-node.md "Exec transports"): SPDY/3.1 (what kube-apiserver speaks
 // to kubelets, translating kubectl's WebSocket) and the WebSocket channel protocol (proxied as-is when
 // the node declares ExtendWebSocketsToKubelet). Both turn an `upgrade` request into the
 // transport-neutral ExecStreams, run the handler, write its outcome on the error stream/channel and

@@ -76,7 +76,7 @@ export class VmAccess implements ContainerAccess {
       return out;
     }
     // `cocoon vm logs` has no follow mode: poll the tail every 2 s and emit what is new,
-    // until the client disconnects (the signal aborts) — virtual-node.md §7.1.
+    // until the client disconnects (the signal aborts) — docs/contracts/virtual-node.md "Logs".
     void (async () => {
       let last: string[] = [];
       let first = true;

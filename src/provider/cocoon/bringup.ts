@@ -1,4 +1,4 @@
-// Bring-up of a VM for a pod (pod-to-vm.md §2.3 clone, §2.4 run). I/O only; every
+// Bring-up of a VM for a pod (docs/contracts/pod-to-vm.md "Bring-up: clone" clone, docs/contracts/pod-to-vm.md "Bring-up: run" run). I/O only; every
 // decision (names, flags, CPU policy, restore mode) comes from the pure modules, and the
 // argv matches the cocoon CLI contract exactly.
 import {
@@ -57,7 +57,7 @@ export function isTransientCreateError(err: unknown): boolean {
   return true;
 }
 
-/** Imports the snapshot's base image when its digest is not present locally (§2.3 step 5). */
+/** Imports the snapshot's base image when its digest is not present locally (docs/contracts/pod-to-vm.md "Bring-up: clone" step 5). */
 async function ensureBaseImage(ctx: ProviderContext, snap: SnapshotRecord, log: Logger): Promise<void> {
   if (snap.image === '' || isCloudImageUrl(snap.image)) return;
   const ref = snap.imageDigest || snap.image;
@@ -140,7 +140,7 @@ export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger
     ({ stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS }));
   } catch (err) {
     // A start failure leaves a record in state `error` holding the name: remove it so the
-    // pod controller's retry can create the VM again (cocoon-cli.md §2, run).
+    // pod controller's retry can create the VM again (docs/contracts/cocoon-cli.md "vm run", run).
     await removeErrorRecord(ctx, spec.vmName, log);
     throw err;
   }
@@ -190,7 +190,7 @@ export async function inspectVm(ctx: ProviderContext, ref: string): Promise<VmRe
   }
 }
 
-/** Inspect with 2 attempts, 200 ms then 400 ms apart (adoption, pod-to-vm.md §2.1 step 5). */
+/** Inspect with 2 attempts, 200 ms then 400 ms apart (adoption, docs/contracts/pod-to-vm.md "CreatePod" step 5). */
 export async function inspectWithRetry(ctx: ProviderContext, ref: string): Promise<VmRecord | undefined> {
   let last: unknown;
   for (const delay of [200, 400]) {

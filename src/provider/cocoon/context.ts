@@ -18,7 +18,7 @@ import type { LifecycleMetrics } from './metrics.ts';
 import type { ProbeAgent } from './probe-agent.ts';
 import type { PodRecord } from './state.ts';
 
-/** Pulls a clone-source snapshot from the registry into its local name (registry.md §5),
+/** Pulls a clone-source snapshot from the registry into its local name (docs/registry.md "Pull flow"),
  * de-duplicated per local name; `src/registry/pull.ts` implements it. */
 export interface SnapshotPuller {
   ensure(image: string, opts: { log?: Logger }): Promise<unknown>;

@@ -1,4 +1,4 @@
-// Per-pod readiness probe (pod-to-vm.md §8). The cadence is the pure state machine of
+// Per-pod readiness probe (docs/contracts/pod-to-vm.md "Probes"). The cadence is the pure state machine of
 // src/lifecycle/probe.ts; this module only performs probes and fires the transition
 // callback. Probe kinds:
 // - `vm.cocoonstack.io/probe-port` set: TCP connect to ip:port (3 s timeout);

@@ -230,13 +230,13 @@ export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise
   return outcome;
 }
 
-/** Emits a Warning once per (VM ID, reason) (§10.8). */
+/** Emits a Warning once per (VM ID, reason) (docs/contracts/lifecycle.md "Idempotency keyed by VM ID"). */
 export function warnOnce(ctx: ProviderContext, rec: PodRecord, reason: string, message: string): void {
   if (!markWarned(rec, reason)) return;
   ctx.events.event(rec.pod, 'Warning', reason, truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
 }
 
-/** failOp (§8): counter, Warning `<op>: <error>`, stage `failed` with the error text, flush. */
+/** failOp (docs/contracts/lifecycle.md "Failures and recovery"): counter, Warning `<op>: <error>`, stage `failed` with the error text, flush. */
 export async function failOp(
   ctx: ProviderContext,
   rec: PodRecord,

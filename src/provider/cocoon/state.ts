@@ -38,7 +38,7 @@ export interface Progress {
 
 export type JobKind = 'fixup' | 'ipwait';
 
-/** A long step running outside the pod queue (docs/contracts/lifecycle.md, "Jobs"). It
+/** A long step running outside the pod queue (docs/contracts/lifecycle.md, "Cancellation"). It
  * records its outcome and enqueues a reconcile when it settles; it never writes the
  * lifecycle. */
 export interface Job {

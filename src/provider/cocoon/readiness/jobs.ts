@@ -1,5 +1,5 @@
 // The long readiness steps, run outside the pod's queue (docs/contracts/lifecycle.md,
-// "Jobs"): the post-clone fixup and the IP wait. Whatever way a job ends (success, error,
+// "Cancellation"): the post-clone fixup and the IP wait. Whatever way a job ends (success, error,
 // exception, abort) it records its outcome inside the queue and enqueues another
 // reconcile. Jobs never decide readiness and never write the lifecycle.
 import { existsSync } from 'node:fs';
@@ -80,7 +80,7 @@ export function startJob(
   })();
 }
 
-/** The job's abort signal composed with the provider-lifetime signal only (§10.6). */
+/** The job's abort signal composed with the provider-lifetime signal only (docs/contracts/lifecycle.md "Cancellation"). */
 function jobSignal(ctx: ProviderContext, job: Job): AbortSignal {
   return AbortSignal.any([ctx.lifetime, job.abort.signal]);
 }
@@ -121,7 +121,7 @@ async function ifStillOwner(
   });
 }
 
-/** Post-clone fixup (lifecycle.md §6.5): `post-clone-state=running`, then `cocoon vm exec`
+/** Post-clone fixup (docs/contracts/post-clone.md "Execution"): `post-clone-state=running`, then `cocoon vm exec`
  * attempts every 3 s within 180 s; success ⇒ `done`; exhaustion ⇒ `failed` + hint + errors
  * (the reconcile then decides `failed`, row 5). */
 export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise<void> {
@@ -198,7 +198,7 @@ export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): 
     }
     if (signal.aborted) return;
   }
-  // Exhaustion (§6.7): record the marker, hint and error chain; the reconcile decides.
+  // Exhaustion (docs/contracts/post-clone.md "Exhaustion"): record the marker, hint and error chain; the reconcile decides.
   const joined = joinAttemptErrors(errors, MESSAGE_MAX_BYTES);
   log.warn({ attempts, errors: joined }, 'post-clone fixup budget exhausted');
   await ifStillOwner(ctx, rec, job, async () => {
@@ -215,7 +215,7 @@ export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): 
   });
 }
 
-/** The IP wait after a cloned boot (lifecycle.md §7.2): poll the lease every 200 ms until the
+/** The IP wait after a cloned boot (docs/contracts/lifecycle.md "IP wait"): poll the lease every 200 ms until the
  * deadline; Windows gets one `ipconfig /renew` nudge at 30 s. It only observes: the
  * reconcile publishes ready or decides the timeout. */
 export async function runIpWait(
