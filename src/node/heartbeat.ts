@@ -15,6 +15,7 @@ import {
 } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
 import type { Logger } from '../log.ts';
+import { delay } from '../util/deadline.ts';
 import {
   desiredNode,
   desiredNodeStatus,
@@ -36,8 +37,6 @@ export interface NodeAgentOptions {
   statusIntervalMs?: number;
   healthIntervalMs?: number;
 }
-
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 /** A Date whose JSON form has microsecond precision. The apiserver parses Lease
  * `renewTime` (a MicroTime) with exactly six fraction digits, while client-node 2.0
@@ -186,7 +185,7 @@ export class NodeAgent {
   }
 
   async #reassertLater(): Promise<void> {
-    await sleep(5000);
+    await delay(5000);
     for (let attempt = 1; attempt <= 10 && !this.#stopped; attempt++) {
       try {
         const live = await this.#o.kube.core.readNode({ name: this.#name });
@@ -195,7 +194,7 @@ export class NodeAgent {
         return;
       } catch (err) {
         this.#log.debug({ attempt, err: apiErrorMessage(err) }, 'label re-assert failed');
-        await sleep(2000);
+        await delay(2000);
       }
     }
   }
@@ -237,7 +236,7 @@ export class NodeAgent {
           return;
         }
         if (code === 409 && attempt < 5) {
-          await sleep(10);
+          await delay(10);
           continue;
         }
         throw err;
@@ -272,7 +271,7 @@ export class NodeAgent {
   async #renewLease(): Promise<void> {
     if (!this.#healthy || this.#stopped) return;
     const api = this.#o.kube.coordination;
-    let delay = 200;
+    let backoff = 200;
     for (let attempt = 1; attempt <= 5 && !this.#stopped; attempt++) {
       try {
         if (this.#lease) {
@@ -298,8 +297,8 @@ export class NodeAgent {
         this.#lease = undefined;
         this.#log.debug({ attempt, err: apiErrorMessage(err) }, 'lease renew failed');
         if (apiStatus(err) !== 409) {
-          await sleep(delay);
-          delay = Math.min(delay * 2, 7000);
+          await delay(backoff);
+          backoff = Math.min(backoff * 2, 7000);
         }
       }
     }

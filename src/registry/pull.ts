@@ -20,6 +20,7 @@ import { snapshotImportArgv, snapshotInspectArgv, snapshotRemoveArgv } from '../
 import { parseSnapshotRecord, type SnapshotRecord } from '../cocoon/records.ts';
 import { type CocoonCli, CocoonCommandError } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
+import { delay } from '../util/deadline.ts';
 import { Singleflight } from '../util/singleflight.ts';
 import { localSnapshotName, splitCloneImage } from '../vmspec/snapshot-name.ts';
 import {
@@ -247,7 +248,7 @@ async function removeSnapshot(cli: CocoonCli, name: string, signal: AbortSignal 
       if (error.errorClass === 'snapshot_not_found') return;
       if (error.errorClass !== 'snapshot_leased' || Date.now() >= deadline) throw error;
     }
-    await new Promise((resolve) => setTimeout(resolve, LEASED_RETRY_EVERY_MS));
+    await delay(LEASED_RETRY_EVERY_MS);
     signal?.throwIfAborted();
   }
 }

@@ -13,6 +13,7 @@ import {
   type LogOptions,
   NotFoundError,
 } from '../../kubelet/ports.ts';
+import { pause } from '../../util/deadline.ts';
 import type { ProviderContext } from './context.ts';
 import type { PodRecord } from './state.ts';
 
@@ -94,7 +95,7 @@ export class VmAccess implements ContainerAccess {
         } catch {
           if (signal.aborted) break;
         }
-        await new Promise((r) => setTimeout(r, 2000));
+        await pause(2000, signal);
       }
       out.end();
     })();

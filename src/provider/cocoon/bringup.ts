@@ -16,6 +16,7 @@ import { guestProfile } from '../../guest/profiles.ts';
 import { restoreModeFor } from '../../guest/restore-mode.ts';
 import type { Logger } from '../../log.ts';
 import { inspectSnapshot, SnapshotPullError } from '../../registry/pull.ts';
+import { pause } from '../../util/deadline.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
@@ -198,7 +199,7 @@ export async function inspectWithRetry(ctx: ProviderContext, ref: string): Promi
       return await inspectVm(ctx, ref);
     } catch (err) {
       last = err;
-      await new Promise((r) => setTimeout(r, delay));
+      await pause(delay, ctx.lifetime);
     }
   }
   throw last;

@@ -17,6 +17,7 @@ import { attemptErrorMessage, joinAttemptErrors } from '../../../guest/attempts.
 import { FIXUP_BUDGET_MS, FIXUP_RETRY_DELAY_MS, hintBase64, planFixup } from '../../../guest/postclone.ts';
 import { guestProfile } from '../../../guest/profiles.ts';
 import { resolveIp } from '../../../net/leases.ts';
+import { pause } from '../../../util/deadline.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
@@ -83,19 +84,6 @@ export function startJob(
 /** The job's abort signal composed with the provider-lifetime signal only (docs/contracts/lifecycle.md "Cancellation"). */
 function jobSignal(ctx: ProviderContext, job: Job): AbortSignal {
   return AbortSignal.any([ctx.lifetime, job.abort.signal]);
-}
-
-function abortableSleep(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const t = setTimeout(done, ms);
-    function done() {
-      clearTimeout(t);
-      signal.removeEventListener('abort', done);
-      resolve();
-    }
-    signal.addEventListener('abort', done, { once: true });
-  });
 }
 
 /** Runs `fn` in the pod queue only if the job still owns the pod's VM (R9) and is still the
@@ -193,7 +181,7 @@ export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): 
             truncateUtf8(entry, EVENT_MESSAGE_MAX_BYTES),
           );
         });
-        await abortableSleep(Math.min(FIXUP_RETRY_DELAY_MS, Math.max(0, budgetEnd - monoNow())), signal);
+        await pause(Math.min(FIXUP_RETRY_DELAY_MS, Math.max(0, budgetEnd - monoNow())), signal);
       }
     }
     if (signal.aborted) return;
@@ -247,7 +235,7 @@ export async function runIpWait(
       }
       continue; // re-check the lease right after the nudge
     }
-    await abortableSleep(IP_POLL_MS, signal);
+    await pause(IP_POLL_MS, signal);
   }
 }
 
