@@ -23,3 +23,8 @@ export const SNAPSHOT_NAME_PATTERN = /^[a-zA-Z0-9][a-zA-Z0-9._:/-]{0,62}$/;
 export function isCloudImageUrl(image: string): boolean {
   return image.startsWith('http://') || image.startsWith('https://');
 }
+
+/** Kind of a post-clone network fixup (label `kind` of `cocoon_vk_postclone_total`, with
+ * `sac` for the Windows serial-console pass). */
+export type FixupKind = 'windows' | 'linux_fc' | 'linux_static';
+export type PostCloneKind = FixupKind | 'sac';

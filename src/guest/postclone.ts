@@ -6,12 +6,11 @@
  * gateway); invalid input yields an error instead of a plan, so nothing a pod author writes can
  * reach `sh -c` unchecked (docs/conventions.md).
  */
-import type { Backend, GuestOS } from '../contract/vm.ts';
+import type { Backend, FixupKind, GuestOS } from '../contract/vm.ts';
 import { isCloudImageUrl, VM_NAME_PATTERN } from '../contract/vm.ts';
 import { guestProfile } from './profiles.ts';
 
-/** Kind label of a fixup (metric `cocoon_vk_postclone_total{kind}`). */
-export type FixupKind = 'windows' | 'linux_fc' | 'linux_static';
+export type { FixupKind };
 
 /** Overall fixup budget, measured from the `post-clone-state=running` write (docs/contracts/post-clone.md "Execution"). */
 export const FIXUP_BUDGET_MS = 180_000;

@@ -7,6 +7,7 @@
 // sample; every one of those families triggers the same in-flight hook, so one scrape runs it
 // once.
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { PostCloneKind } from '../contract/vm.ts';
 import type { Logger } from '../log.ts';
 
 /** Prometheus text exposition content type (`text/plain; version=0.0.4; charset=utf-8`). */
@@ -22,7 +23,7 @@ export type StartupResumeOp = 'hibernate' | 'post_clone' | 'ready_wait' | 'class
 export type HibernateEvidenceVerdict = 'restored' | 'image_conflict' | 'source_conflict' | 'unavailable';
 export type HibernatePhase = 'dhcp_release' | 'netresize' | 'snapshot' | 'push' | 'remove';
 export type WakeIpWaitResult = 'ok' | 'timeout';
-export type PostCloneKind = 'linux_static' | 'linux_fc' | 'windows' | 'sac';
+export type { PostCloneKind };
 
 // ---------------------------------------------------------------------------------------------
 // Typed handles. prom-client's Counter/Histogram satisfy these structurally.
