@@ -120,17 +120,7 @@ export class PodStatusWriter implements PodStatusSink {
   /** One status patch, bounded: the token wait by the write limiter's bound, the request by
    * POD_WRITE_TIMEOUT_MS (a black-holed connection cannot hold the status queue). */
   async patch(pod: V1Pod, status: V1PodStatus, opts: WriteOptions = {}): Promise<void> {
-    const namespace = pod.metadata?.namespace ?? '';
-    const name = pod.metadata?.name ?? '';
-    const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
-    await this.#kube.write(
-      (signal) =>
-        this.#kube.core.patchNamespacedPodStatus(
-          { name, namespace, body },
-          withSignal(signal, strategicMergePatch),
-        ),
-      { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts },
-    );
+    await this.#kube.write(this.#request(pod, status), { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts });
   }
 
   /** Writes a status now (ordered publications: status with podIP before `ready`): the
@@ -139,18 +129,20 @@ export class PodStatusWriter implements PodStatusSink {
   async writeNow(pod: V1Pod): Promise<void> {
     const status = pod.status;
     if (!status) return;
+    await this.#kube.writeRetrying(this.#request(pod, status), { priority: 'high' });
+    this.#written.set(keyOf(pod), { uid: pod.metadata?.uid ?? '', json: JSON.stringify(status) });
+  }
+
+  /** The UID-fenced strategic merge patch of `pods/<name>/status`, cancellable by its signal. */
+  #request(pod: V1Pod, status: V1PodStatus) {
     const namespace = pod.metadata?.namespace ?? '';
     const name = pod.metadata?.name ?? '';
     const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
-    await this.#kube.writeRetrying(
-      (signal) =>
-        this.#kube.core.patchNamespacedPodStatus(
-          { name, namespace, body },
-          withSignal(signal, strategicMergePatch),
-        ),
-      { priority: 'high' },
-    );
-    this.#written.set(keyOf(pod), { uid: pod.metadata?.uid ?? '', json: JSON.stringify(status) });
+    return (signal?: AbortSignal) =>
+      this.#kube.core.patchNamespacedPodStatus(
+        { name, namespace, body },
+        withSignal(signal, strategicMergePatch),
+      );
   }
 
   /** True when the API copy's status differs from `want` in what a status write sets. */
