@@ -2,6 +2,7 @@
 // decision (names, flags, CPU policy, restore mode) comes from the pure modules, and the
 // argv matches the cocoon CLI contract exactly.
 import {
+  ArgvError,
   cloneArgv,
   imageInspectArgv,
   imagePullArgv,
@@ -51,7 +52,7 @@ export class SettleError extends Error {
  * answer) are retried on a backoff schedule; a conclusive answer (not found, name taken,
  * input refused, manifest absent) is permanent (docs/decisions.md, "Create failures"). */
 export function isTransientCreateError(err: unknown): boolean {
-  if (err instanceof BringUpError) return false;
+  if (err instanceof BringUpError || err instanceof ArgvError) return false;
   if (err instanceof CocoonCommandError)
     return err.errorClass === 'inconclusive' || err.errorClass === 'agent_not_up';
   if (err instanceof SnapshotPullError) return !err.absent;
@@ -181,7 +182,8 @@ async function settledRecord(ctx: ProviderContext, stdout: string, vmName: strin
 /** `vm inspect`; `undefined` only when cocoon says the VM is gone (never on inconclusive errors). */
 export async function inspectVm(ctx: ProviderContext, ref: string): Promise<VmRecord | undefined> {
   try {
-    const { stdout } = await ctx.cli.run(inspectArgv(ref), { timeoutMs: SHORT_TIMEOUT_MS });
+    // Work on a VM that already exists goes before new clones in the call pool.
+    const { stdout } = await ctx.cli.run(inspectArgv(ref), { timeoutMs: SHORT_TIMEOUT_MS, priority: 'high' });
     const rec = parseVmRecord(stdout);
     if (!rec.ok) throw new BringUpError(`cocoon vm inspect ${ref}: ${rec.error}`);
     return rec.value;

@@ -181,3 +181,49 @@ describe('a superseded fixup job', () => {
     );
   });
 });
+
+describe('requests of tiers not built yet fail loudly', () => {
+  for (const [what, extra, re] of [
+    [
+      'fork-from',
+      { 'vm.cocoonstack.io/fork-from': 'vk-main-0' },
+      /^fork-from: forking from vk-main-0 is not supported/,
+    ],
+    ['clone-from-dir', { 'vm.cocoonstack.io/clone-from-dir': '/srv/vm' }, /^clone-from-dir: /],
+    [
+      'restore-from-hibernate',
+      { 'vm.cocoonstack.io/restore-from-hibernate': 'true' },
+      /^restore-from-hibernate: .*the pod was not booted fresh/,
+    ],
+  ] as const) {
+    test(`${what}: failed with the reason, never a fresh clone in its place`, async () => {
+      h = harness();
+      h.cocoon.snapshot('acme/agent');
+      await h.provider.createPod(clonePod(`nb-${what}`, extra));
+      await until('failed', () => states(h!, `nb-${what}`).includes('failed'));
+      const msg = h.patches(`nb-${what}`).find((a) => a[STATE] === 'failed')?.[
+        'vm.cocoonstack.io/lifecycle-state-message'
+      ];
+      assert.match(String(msg), re);
+      assert.equal(h.cocoon.callsOf('vm clone').length, 0);
+      assert.ok(h.events.some((e) => e.type === 'Warning' && e.reason === 'CreateBringUpFailed'));
+    });
+  }
+
+  test('an explicit snapshot-policy on delete: Warning SnapshotPolicyUnsupported, the VM is removed', async () => {
+    h = harness();
+    h.cocoon.snapshot('acme/agent');
+    const pod = clonePod('pol-0', { 'cocoonset.cocoonstack.io/snapshot-policy': 'always' });
+    await h.provider.createPod(pod);
+    await until('bound', () => h!.patches('pol-0').some((a) => !!a['vm.cocoonstack.io/id']));
+    await h.provider.deletePod(pod);
+    assert.ok(h.events.some((e) => e.reason === 'SnapshotPolicyUnsupported' && e.message.includes('always')));
+    assert.equal(h.cocoon.vms.size, 0);
+    // No explicit policy: no warning.
+    const quiet = clonePod('pol-1');
+    await h.provider.createPod(quiet);
+    await until('bound', () => h!.patches('pol-1').some((a) => !!a['vm.cocoonstack.io/id']));
+    await h.provider.deletePod(quiet);
+    assert.equal(h.events.filter((e) => e.reason === 'SnapshotPolicyUnsupported').length, 1);
+  });
+});

@@ -5,6 +5,7 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import { guestProfile } from '../../../guest/profiles.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
+import type { VMSpec } from '../../../vmspec/decode.ts';
 import { type BringUpResult, cloneBringUp, isTransientCreateError, runBringUp } from '../bringup.ts';
 import { holderOfName } from '../claims.ts';
 import { decodeSpec, generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
@@ -20,6 +21,17 @@ export const keyOf = (pod: V1Pod) => `${pod.metadata?.namespace ?? ''}/${pod.met
 function nameHeldMessage(vmName: string, holder: PodRecord): string {
   const vm = holder.vm ? ` (VM ${holder.vm.id})` : '';
   return `VM name ${vmName} is already used by pod ${holder.key}${vm}; two pods never share a VM: give this pod a distinct vm.cocoonstack.io/name`;
+}
+
+/** Requests of the next tier that this release decodes but cannot honour: refused loudly,
+ * never a fresh boot in their place (docs/decisions.md, "Not built yet"). */
+function unbuiltFeature(spec: VMSpec): string | undefined {
+  const notYet = 'is not supported by this vk-cocoon release (its tier is not built yet)';
+  if (spec.restoreFromHibernate)
+    return `restore-from-hibernate: restoring hibernated state ${notYet}; the pod was not booted fresh`;
+  if (spec.forkFrom) return `fork-from: forking from ${spec.forkFrom} ${notYet}`;
+  if (spec.cloneFromDir) return `clone-from-dir: cloning from ${spec.cloneFromDir} ${notYet}`;
+  return undefined;
 }
 
 /** Validation and the claim of a create attempt (inside the pod's queue). Returns the
@@ -85,6 +97,11 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
   const guest = guestProfile(spec.os);
   if (!guest.supported.ok) {
     await createFailed(ctx, rec, 'CreateBringUpFailed', guest.supported.message, false);
+    return undefined;
+  }
+  const unbuilt = unbuiltFeature(spec);
+  if (unbuilt) {
+    await createFailed(ctx, rec, 'CreateBringUpFailed', unbuilt, false);
     return undefined;
   }
   const holder = holderOfName(ctx.pods, key, spec.vmName);

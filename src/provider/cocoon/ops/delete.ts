@@ -6,7 +6,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { removeArgv, snapshotRemoveArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
-import { KEEP_SNAPSHOT_ON_DELETE } from '../../../contract/annotations.ts';
+import { KEEP_SNAPSHOT_ON_DELETE, SNAPSHOT_POLICY } from '../../../contract/annotations.ts';
 import { releaseLease } from '../../../net/release.ts';
 import { NotFoundError } from '../../../pods/ports.ts';
 import { logFor, type ProviderContext } from '../context.ts';
@@ -32,6 +32,7 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
   const keep =
     (pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE] ??
       rec.pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE]) === 'true';
+  warnUnbuiltSnapshotPolicy(ctx, rec);
   setDeleting(rec, true);
   try {
     try {
@@ -58,6 +59,19 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
   markDeleted(rec);
   ctx.metrics.podLifecycle('delete', 'ok', '');
   log.info({ vmId: vm.id }, 'VM removed');
+}
+
+/** A delete-time snapshot the pod explicitly asked for (`snapshot-policy: always`, or
+ * `main-only` on a main agent) is not built yet: the delete proceeds, and says loudly that no
+ * `:latest` snapshot was pushed (docs/decisions.md, "Not built yet"). */
+function warnUnbuiltSnapshotPolicy(ctx: ProviderContext, rec: PodRecord): void {
+  const raw = rec.pod.metadata?.annotations?.[SNAPSHOT_POLICY];
+  const spec = rec.spec;
+  if (!spec || raw === undefined || spec.snapshotPolicy === 'never') return;
+  if (spec.snapshotPolicy === 'main-only' && spec.role !== 'main') return;
+  const message = `delete: snapshot-policy ${spec.snapshotPolicy}: the delete-time snapshot push is not supported by this vk-cocoon release; VM ${rec.vm?.name} is removed without a :latest snapshot`;
+  ctx.events.event(rec.pod, 'Warning', 'SnapshotPolicyUnsupported', message);
+  logFor(ctx, rec).warn({ policy: spec.snapshotPolicy }, message);
 }
 
 /** Releases the DHCP leases of a removed VM's NICs through cocoon-net's control socket. */

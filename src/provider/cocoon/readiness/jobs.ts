@@ -149,7 +149,11 @@ export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): 
       if (remaining <= 0) break;
       attempts++;
       try {
-        await ctx.cli.run(execArgv({ vmId, command: plan.argv }), { timeoutMs: remaining, signal });
+        await ctx.cli.run(execArgv({ vmId, command: plan.argv }), {
+          timeoutMs: remaining,
+          signal,
+          priority: 'high',
+        });
         log.info({ attempts }, 'post-clone fixup succeeded');
         await ifStillOwner(ctx, rec, job, async () => {
           recordProgress(rec, vmId, { fixupSucceeded: true, fixupAttempts: attempts });
@@ -226,7 +230,11 @@ export async function runIpWait(
       const timeoutMs = Math.max(1, Math.min(NUDGE_TIMEOUT_MS, deadline - monoNow()));
       try {
         const nudge = guestProfile(rec.spec?.os ?? 'linux').renewNudge ?? [];
-        await ctx.cli.run(execArgv({ vmId: job.vmId, command: nudge }), { timeoutMs, signal });
+        await ctx.cli.run(execArgv({ vmId: job.vmId, command: nudge }), {
+          timeoutMs,
+          signal,
+          priority: 'high',
+        });
         ctx.metrics.renewNudge('ok');
         log.info('sent the Windows DHCP renew nudge');
       } catch (err) {
