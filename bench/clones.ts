@@ -2,17 +2,17 @@
 // Prints pod bound → lifecycle ready p50/p99, lease written → ready p50/p99, and apiserver
 // write requests per bring-up. Usage: npm run bench -- [pods=200]
 // However it ends (done, an error, SIGINT/SIGTERM, a crash) every process it started is stopped
-// through its PID registry (test/ground/proc.ts), the simulator's stand-ins included.
+// through its PID registry (ground/proc.ts), the simulator's stand-ins included.
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
+import { type Daemon, startDaemon } from '../ground/daemon.ts';
+import { type Ground, startGround, stopGround } from '../ground/ground.ts';
+import { adminClients, newNamespace, vmPod } from '../ground/kube.ts';
+import { installTeardown, openPidRegistry, waitFor } from '../ground/proc.ts';
 import { newSimRoot, type SimRoot } from '../sim/client.ts';
-import { type Daemon, startDaemon } from '../test/ground/daemon.ts';
-import { type Ground, startGround, stopGround } from '../test/ground/ground.ts';
-import { adminClients, newNamespace, vmPod } from '../test/ground/kube.ts';
-import { installTeardown, openPidRegistry, waitFor } from '../test/ground/proc.ts';
 
 const N = Number(process.argv[2] ?? process.env.VK_BENCH_PODS ?? 200);
 const dir = mkdtempSync(join(tmpdir(), 'vk-bench-'));

@@ -1,5 +1,5 @@
 // `npm run demo`: vk-cocoon on embedded defaults. Brings up the local control plane and the
-// registry (test/ground), a cocoon simulator root with example snapshots, runs the daemon
+// registry (ground/), a cocoon simulator root with example snapshots, runs the daemon
 // against them, creates three example VM pods (Linux clone, Firecracker clone, Windows clone)
 // and shows their state live until Ctrl-C.
 //
@@ -9,7 +9,7 @@
 //   --timeout <s>                 bound of --check (default 180, or VK_DEMO_TIMEOUT_SECONDS)
 //
 // However it ends (Ctrl-C, SIGTERM, an error, a crash), every process it started is stopped:
-// they are all in its PID registry (test/ground/proc.ts), including the simulator's stand-ins.
+// they are all in its PID registry (ground/proc.ts), including the simulator's stand-ins.
 // VK_DEMO_FAIL_AT=ground|daemon|pods throws at that point of the start-up (tests of that path);
 // VK_DEMO_SECONDS=<n> ends an interactive demo after n seconds.
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -17,11 +17,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CoreV1Api, V1Pod } from '@kubernetes/client-node';
+import { type Daemon, startDaemon } from '../ground/daemon.ts';
+import { type Ground, startGround, stopGround } from '../ground/ground.ts';
+import { adminClients, vmPod } from '../ground/kube.ts';
+import { type EndReason, installTeardown, openPidRegistry } from '../ground/proc.ts';
 import { newSimRoot, type SimRoot } from '../sim/client.ts';
-import { type Daemon, startDaemon } from '../test/ground/daemon.ts';
-import { type Ground, startGround, stopGround } from '../test/ground/ground.ts';
-import { adminClients, vmPod } from '../test/ground/kube.ts';
-import { type EndReason, installTeardown, openPidRegistry } from '../test/ground/proc.ts';
 
 const NODE = 'cocoon-pool';
 const NAMESPACE = 'demo';

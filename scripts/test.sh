@@ -10,8 +10,8 @@ export PATH="$root/node_modules/.bin:$PATH"
 node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
 echo "kubernetes: $(head -1 "$(bash scripts/testbin.sh 2>/dev/null)/VERSION")"
 if [ $# -gt 0 ]; then
-  exec node test/ground/run-tests.ts "$@"
+  exec node ground/run-tests.ts "$@"
 fi
 echo "== typecheck"; tsc --noEmit -p .
 echo "== lint"; biome check --reporter=summary .
-exec node test/ground/run-tests.ts
+exec node ground/run-tests.ts

@@ -5,9 +5,9 @@
 import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
-import { vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
-import { waitFor } from '../ground/proc.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
+import { waitFor } from '../../ground/proc.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { cliCalls, fixture, lifecycle } from './helpers.ts';
 
 const world = useWorld();

@@ -1,5 +1,5 @@
 // `npm run demo` and process hygiene: the demo (scripts/demo.ts), the suite runner
-// (test/ground/run-tests.ts) and the bench (bench/clones.ts) leave no process behind, however
+// (ground/run-tests.ts) and the bench (bench/clones.ts) leave no process behind, however
 // they end. Each scenario runs the real script as a child process with its own ground, then
 // looks for survivors two ways: the script's PID registry (recorded PIDs whose start time still
 // matches, plus every process carrying the registry's environment marker), and any live process
@@ -12,8 +12,14 @@ import { join } from 'node:path';
 import { afterEach, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
-import { repoRoot } from '../ground/cluster.ts';
-import { type PidRecord, procStart, registeredProcesses, stopRegistered, waitFor } from '../ground/proc.ts';
+import { repoRoot } from '../../ground/cluster.ts';
+import {
+  type PidRecord,
+  procStart,
+  registeredProcesses,
+  stopRegistered,
+  waitFor,
+} from '../../ground/proc.ts';
 
 const node = process.execPath;
 const SCENARIO_TIMEOUT = 300_000;
@@ -216,7 +222,7 @@ function fixtureDir(files: Record<string, string>): string {
   for (const [name, body] of Object.entries(files)) writeFileSync(join(d, name), body);
   return d;
 }
-const ground = (f: string) => JSON.stringify(pathToFileURL(join(repoRoot, 'test', 'ground', f)).href);
+const ground = (f: string) => JSON.stringify(pathToFileURL(join(repoRoot, 'ground', f)).href);
 // A process that ignores SIGTERM (like the stranded apiserver of the issue).
 const STUBBORN = JSON.stringify("process.on('SIGTERM', () => {}); setInterval(() => {}, 60_000);");
 
@@ -228,7 +234,7 @@ interface FixtureReport {
   apiserver?: number;
 }
 
-describe('npm test (test/ground/run-tests.ts)', () => {
+describe('npm test (ground/run-tests.ts)', () => {
   test('stops an apiserver a test restarted in its own process and a process that ignores SIGTERM', {
     timeout: SCENARIO_TIMEOUT,
   }, async () => {
@@ -256,7 +262,7 @@ test('restart the apiserver (its new PID stays in this process) and fail', async
 `,
     });
     const outFile = join(fx, 'report.json');
-    const run = start(['test/ground/run-tests.ts', join(fx, 'restart.test.mts')], { FIXTURE_OUT: outFile });
+    const run = start(['ground/run-tests.ts', join(fx, 'restart.test.mts')], { FIXTURE_OUT: outFile });
     const r = await run.exited;
     ok(r, 1);
     const rep = JSON.parse(readFileSync(outFile, 'utf8')) as FixtureReport;
@@ -289,7 +295,7 @@ test('start something, then hang', async () => {
 `,
     });
     const outFile = join(fx, 'report.json');
-    const run = start(['test/ground/run-tests.ts', join(fx, 'hang.test.mts')], { FIXTURE_OUT: outFile });
+    const run = start(['ground/run-tests.ts', join(fx, 'hang.test.mts')], { FIXTURE_OUT: outFile });
     await Promise.race([
       waitFor('the hanging test to report', () => existsSync(outFile), 180_000, 100),
       run.exited.then((r) => {
@@ -315,7 +321,7 @@ test('start something, then hang', async () => {
   });
 });
 
-describe('teardown of a run (test/ground/proc.ts installTeardown)', () => {
+describe('teardown of a run (ground/proc.ts installTeardown)', () => {
   for (const mode of ['uncaught exception', 'unhandled rejection'] as const) {
     test(`the teardown runs on an ${mode} and kills what ignores SIGTERM`, { timeout: 60_000 }, async () => {
       const fx = fixtureDir({

@@ -8,10 +8,10 @@ import { request } from 'node:https';
 import { join } from 'node:path';
 import { before, test } from 'node:test';
 import { KubeConfig, type V1Pod, Watch } from '@kubernetes/client-node';
-import { kubectl } from '../ground/cluster.ts';
-import { type Ground, useGround } from '../ground/ground.ts';
-import { adminClients, newNamespace, vmPod } from '../ground/kube.ts';
-import { httpsGet, run, waitFor } from '../ground/proc.ts';
+import { kubectl } from '../../ground/cluster.ts';
+import { type Ground, useGround } from '../../ground/ground.ts';
+import { adminClients, newNamespace, vmPod } from '../../ground/kube.ts';
+import { httpsGet, run, waitFor } from '../../ground/proc.ts';
 
 const ground = useGround();
 let g: Ground;

@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
-import { newNamespace, vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { newNamespace, vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { annotate, cliCalls, fixture, guestCalls, lifecycle } from './helpers.ts';
 
 const world = useWorld();

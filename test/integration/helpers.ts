@@ -1,7 +1,7 @@
 // Shared helpers of the lifecycle integration tests: simulator logs, knobs, pod patches.
 import type { CoreV1Api, V1Pod } from '@kubernetes/client-node';
 import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
-import type { World } from '../ground/world.ts';
+import type { World } from '../../ground/world.ts';
 
 export type { CallRecord as CliCall, GuestCommand as GuestCall } from '../../sim/client.ts';
 

@@ -6,10 +6,10 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
-import { startApiserver, stopApiserver } from '../ground/cluster.ts';
-import { vmPod, waitForPod } from '../ground/kube.ts';
-import { waitFor } from '../ground/proc.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { startApiserver, stopApiserver } from '../../ground/cluster.ts';
+import { vmPod, waitForPod } from '../../ground/kube.ts';
+import { waitFor } from '../../ground/proc.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { annotate, fixture, guestCalls, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });

@@ -4,10 +4,10 @@
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
-import { kubectl } from '../ground/cluster.ts';
-import { vmPod, waitForPod } from '../ground/kube.ts';
-import { waitFor } from '../ground/proc.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { kubectl } from '../../ground/cluster.ts';
+import { vmPod, waitForPod } from '../../ground/kube.ts';
+import { waitFor } from '../../ground/proc.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { annotate, fixture, guestCalls, isReady, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });

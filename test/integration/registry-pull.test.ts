@@ -12,6 +12,7 @@ import path from 'node:path';
 import { Writable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import tar from 'tar-stream';
+import { type Ground, useGround } from '../../ground/ground.ts';
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { createLogger, silentLogger } from '../../src/log.ts';
@@ -19,7 +20,6 @@ import { MEDIA_TYPE } from '../../src/registry/artifact.ts';
 import { RegistryClient, RegistryError, registryFromConfig } from '../../src/registry/client.ts';
 import { pullSnapshot, SnapshotPullError, SnapshotPuller } from '../../src/registry/pull.ts';
 import { parseReference } from '../../src/registry/reference.ts';
-import { type Ground, useGround } from '../ground/ground.ts';
 
 const ground = useGround();
 let g: Ground;

@@ -7,9 +7,9 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { before, test } from 'node:test';
 import type { V1Pod, V1ReplicaSet, V1Toleration } from '@kubernetes/client-node';
-import { adminClients, podReady, waitForPod, waitForPodGone } from '../ground/kube.ts';
-import { waitFor } from '../ground/proc.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { adminClients, podReady, waitForPod, waitForPodGone } from '../../ground/kube.ts';
+import { waitFor } from '../../ground/proc.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { fixture, lifecycle } from './helpers.ts';
 
 const POOL = `sched-${randomBytes(3).toString('hex')}`;

@@ -10,10 +10,10 @@ import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
-import { startApiserver, stopApiserver } from '../ground/cluster.ts';
-import { vmPod } from '../ground/kube.ts';
-import { waitFor } from '../ground/proc.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { startApiserver, stopApiserver } from '../../ground/cluster.ts';
+import { vmPod } from '../../ground/kube.ts';
+import { waitFor } from '../../ground/proc.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { annotate, fixture, lifecycle } from './helpers.ts';
 
 const N = Number(process.env.VK_SOAK_PODS ?? 300);

@@ -3,8 +3,8 @@
 // CreatePod with that VM name.
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
-import { vmPod, waitForPod } from '../ground/kube.ts';
-import { useWorld, type World } from '../ground/world.ts';
+import { vmPod, waitForPod } from '../../ground/kube.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { cliCalls, fixture, lifecycle } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });

@@ -9,11 +9,11 @@ import { readFileSync } from 'node:fs';
 import { request } from 'node:https';
 import { join } from 'node:path';
 import { before, describe, test } from 'node:test';
+import { kubectl } from '../../ground/cluster.ts';
+import { adminClients, podReady, vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
+import { run, waitFor } from '../../ground/proc.ts';
+import { useWorld, type World } from '../../ground/world.ts';
 import { CLIENT_CERT_REJECTED } from '../../src/kubelet/auth.ts';
-import { kubectl } from '../ground/cluster.ts';
-import { adminClients, podReady, vmPod, waitForPod, waitForPodGone } from '../ground/kube.ts';
-import { run, waitFor } from '../ground/proc.ts';
-import { useWorld, type World } from '../ground/world.ts';
 import { fixture } from './helpers.ts';
 
 const SNAPSHOT = 'acme/agent';

@@ -7,7 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after } from 'node:test';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
-import { newSimRoot, type SimRoot } from '../../sim/client.ts';
+import { newSimRoot, type SimRoot } from '../sim/client.ts';
 import { type Daemon, startDaemon } from './daemon.ts';
 import { type Ground, useGround } from './ground.ts';
 import { adminClients, newNamespace } from './kube.ts';

@@ -1,5 +1,5 @@
 // The test ground as one unit: control plane + OCI registry. Integration tests call
-// `useGround()`: inside `npm test` they share the ground that test/ground/run-tests.ts
+// `useGround()`: inside `npm test` they share the ground that ground/run-tests.ts
 // started (VK_TEST_GROUND_DIR); a test file run on its own starts a private ground.
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url';
 import { type GroundCerts, makeGroundCerts } from './certs.ts';
 import { freePort, httpsGet, isAlive, run, startProcess, stopPid, waitFor } from './proc.ts';
 
-export const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+export const repoRoot = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 
 /** Static bearer tokens of the ground (`--token-auth-file`). */
 export interface GroundTokens {

@@ -3,7 +3,7 @@
 // The ground's logs are kept when a test fails.
 //
 // Every process of the run is in its PID registry (<ground dir>/pids, exported to the tests as
-// VK_GROUND_PIDS; see test/ground/proc.ts): the shared ground, an apiserver a test restarted
+// VK_GROUND_PIDS; see ground/proc.ts): the shared ground, an apiserver a test restarted
 // in its own process, private grounds, daemons, simulator stand-ins, the test processes
 // themselves. However the run ends (tests pass or fail, SIGINT/SIGTERM/SIGHUP, an uncaught
 // exception or rejection here, the ground failing half-way) they are all stopped: SIGTERM,
