@@ -1,10 +1,12 @@
 // The test ground as one unit: control plane + OCI registry. Integration tests call
 // `useGround()`: inside `npm test` they share the ground that ground/run-tests.ts
-// started (VK_TEST_GROUND_DIR); a test file run on its own starts a private ground.
+// started (VK_TEST_GROUND_DIR); a test file run on its own starts a private ground, and so
+// does a file that stops or restarts the apiserver (`useGround({ private: true })`), since
+// the files sharing the ground run at the same time.
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after } from 'node:test';
+import { after, afterEach } from 'node:test';
 import { type ClusterState, startCluster, stopCluster } from './cluster.ts';
 import { type RegistryState, startRegistry, stopRegistry } from './registry.ts';
 
@@ -42,31 +44,47 @@ export async function stopGround(g: Ground): Promise<void> {
   await stopCluster(g.cluster);
 }
 
+export interface UseGroundOptions {
+  /**
+   * Always start a ground of this file's own, also inside `npm test`: for files that stop or
+   * restart the apiserver (the other files of the run share theirs meanwhile).
+   */
+  private?: boolean;
+}
+
 /**
  * Call at the top level of a test file; `await ground()` inside tests. Inside `npm test` the
- * ground is shared (VK_TEST_GROUND_DIR); a file run on its own starts a private ground on
- * first use and stops it after the file's tests.
+ * ground is shared (VK_TEST_GROUND_DIR) unless `private` is set; otherwise a private ground is
+ * started on first use and stopped after the file's tests. Its directory is made inside the
+ * run's (kept with the run's logs when the run fails) and removed after the file unless one of
+ * its tests failed.
  */
-export function useGround(): () => Promise<Ground> {
+export function useGround(opts: UseGroundOptions = {}): () => Promise<Ground> {
   let pending: Promise<Ground> | undefined;
   let own: string | undefined;
+  let failed = false;
+  afterEach((t) => {
+    // `passed` exists at runtime (Node 24) but not yet in @types/node.
+    if ((t as { passed?: boolean }).passed === false) failed = true;
+  });
   after(async () => {
     if (!own || !pending) return;
     const g = await pending.catch(() => undefined);
     if (g) await stopGround(g);
-    rmSync(own, { recursive: true, force: true });
+    if (failed) console.log(`# kept ${own} (the private ground of a failed test)`);
+    else rmSync(own, { recursive: true, force: true });
   });
   return () => {
     if (pending) return pending;
-    const dir = process.env.VK_TEST_GROUND_DIR;
-    if (dir) {
-      const g = readGround(dir);
+    const shared = process.env.VK_TEST_GROUND_DIR;
+    if (shared && !opts.private) {
+      const g = readGround(shared);
       pending = g
         ? Promise.resolve(g)
-        : Promise.reject(new Error(`VK_TEST_GROUND_DIR=${dir} holds no ground.json`));
+        : Promise.reject(new Error(`VK_TEST_GROUND_DIR=${shared} holds no ground.json`));
       return pending;
     }
-    own = mkdtempSync(join(tmpdir(), 'vk-ground-'));
+    own = mkdtempSync(join(shared ?? tmpdir(), shared ? 'private-ground-' : 'vk-ground-'));
     pending = startGround(own);
     return pending;
   };

@@ -5,7 +5,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after } from 'node:test';
+import { after, afterEach } from 'node:test';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { newSimRoot, type SimRoot } from '../sim/client.ts';
 import { type Daemon, startDaemon } from './daemon.ts';
@@ -35,20 +35,35 @@ export interface WorldOptions {
   env?: Record<string, string>;
   /** Do not start the daemon (tests that prepare the simulator first). */
   deferDaemon?: boolean;
+  /** A control plane of this file's own, also inside `npm test`: for files that stop or
+   * restart the apiserver (see useGround). */
+  privateGround?: boolean;
 }
 
-/** Call at the top level of a test file; `await world()` inside tests or hooks. */
+/**
+ * Call at the top level of a test file; `await world()` inside tests or hooks. The world's
+ * directory (daemon log, simulator root) is removed after the file unless one of its tests
+ * failed or VK_KEEP_WORLD is set.
+ */
 export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
-  const ground = useGround();
+  const ground = useGround({ private: opts.privateGround });
   let pending: Promise<World> | undefined;
   let dir: string | undefined;
+  let failed = false;
+  afterEach((t) => {
+    // `passed` exists at runtime (Node 24) but not yet in @types/node.
+    if ((t as { passed?: boolean }).passed === false) failed = true;
+  });
   after(async () => {
     const w = await pending?.catch(() => undefined);
     if (w) {
       await w.daemon?.stop().catch(() => {});
       await w.simulator.cleanup({ keepDir: true }).catch(() => {});
     }
-    if (dir && !process.env.VK_KEEP_WORLD) rmSync(dir, { recursive: true, force: true });
+    if (!dir) return;
+    if (failed || process.env.VK_KEEP_WORLD)
+      console.log(`# kept ${dir} (daemon log: ${join(dir, 'vk-cocoon.log')})`);
+    else rmSync(dir, { recursive: true, force: true });
   });
   return () => {
     pending ??= (async () => {
