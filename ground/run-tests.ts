@@ -1,6 +1,17 @@
-// Runs the whole suite (or the given files) with one shared test ground: starts the
-// control plane and the registry, runs `node --test`, then stops everything the run started.
-// The ground's logs are kept when a test fails.
+// Runs the whole suite (or the given files, globs or directories) with one shared test ground:
+// starts the control plane and the registry, runs the test files several at a time, then
+// stops everything the run started. The ground's logs are kept when a test fails.
+//
+// Scheduling. The unit tests are one job (`node --test`, two files at a time), the simulator
+// tests another; every other file (the integration tests) is a job of its own. Up to
+// VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
+// deadlines and tickers, not on the 2 cores) run at once, longest first (the estimates below,
+// measured warm on 2 cores), so the long files start at once and the short ones fill the gaps.
+// Integration files share
+// the ground and keep apart by namespace and node name (ground/world.ts); a file that stops or
+// restarts the apiserver starts a ground of its own (useWorld({ privateGround: true })). Each
+// job's output is printed in one block when it ends; the last line is the summary
+// `suite: <N> passed, <M> failed in <mm:ss>` (the wall time since `npm test` started).
 //
 // Every process of the run is in its PID registry (<ground dir>/pids, exported to the tests as
 // VK_GROUND_PIDS; see ground/proc.ts): the shared ground, an apiserver a test restarted
@@ -8,33 +19,131 @@
 // themselves. However the run ends (tests pass or fail, SIGINT/SIGTERM/SIGHUP, an uncaught
 // exception or rejection here, the ground failing half-way) they are all stopped: SIGTERM,
 // then SIGKILL after a grace.
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { type ChildProcess, spawn } from 'node:child_process';
+import { existsSync, globSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { availableParallelism, tmpdir } from 'node:os';
+import { isAbsolute, join, relative } from 'node:path';
 import { repoRoot } from './cluster.ts';
 import { type Ground, startGround, stopGround } from './ground.ts';
 import { installTeardown, openPidRegistry } from './proc.ts';
 
-const files = process.argv.slice(2);
-const patterns =
-  files.length > 0
-    ? files
-    : ['test/unit/**/*.test.ts', 'test/sim/**/*.test.ts', 'test/integration/**/*.test.ts'];
-const dir = mkdtempSync(join(tmpdir(), 'vk-ground-'));
-const registry = openPidRegistry(join(dir, 'pids'));
+/** Wall time of a job in seconds, measured in a full warm run on 2 cores (unknown files: 30).
+ * Only the order matters: longest first. */
+const PROFILE: Record<string, { estimate: number }> = {
+  'test/integration/soak.test.ts': { estimate: 280 },
+  'test/integration/lifecycle.test.ts': { estimate: 205 },
+  'test/integration/virtual-node.test.ts': { estimate: 180 },
+  'test/integration/hardening.test.ts': { estimate: 105 },
+  'test/integration/lifecycle-restart.test.ts': { estimate: 90 },
+  'test/integration/teardown.test.ts': { estimate: 80 },
+  sim: { estimate: 70 },
+  'test/integration/registry-pull.test.ts': { estimate: 45 },
+  unit: { estimate: 40 },
+  'test/integration/startup.test.ts': { estimate: 30 },
+  'test/integration/bringup.test.ts': { estimate: 30 },
+  'test/integration/demo.test.ts': { estimate: 30 },
+  'test/integration/scheduling.test.ts': { estimate: 20 },
+  'test/integration/ground.test.ts': { estimate: 15 },
+};
+const DEFAULT_PATTERNS = ['test/unit/**/*.test.ts', 'test/sim/**/*.test.ts', 'test/integration/**/*.test.ts'];
+
+// scripts/test.sh sets VK_SUITE_T0 (epoch ms) before setup, typecheck and lint: the summary's
+// wall time is the whole `npm test`. Not inherited by nested runs (tests of this runner).
+const suiteStart = Number(process.env.VK_SUITE_T0) || Date.now();
+delete process.env.VK_SUITE_T0;
 const t0 = Date.now();
 const log = (line: string) => console.log(`ground: [${((Date.now() - t0) / 1000).toFixed(1)}s] ${line}`);
+const mmss = (ms: number) => {
+  const s = Math.round(ms / 1000);
+  return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
+};
+const say = (line: string) => console.log(`suite: [${mmss(Date.now() - t0)}] ${line}`);
+
+interface Job {
+  name: string;
+  files: string[];
+  /** `node --test` file concurrency inside the job. */
+  fileConcurrency: number;
+  estimate: number;
+  needsGround: boolean;
+}
+
+interface JobResult {
+  job: Job;
+  passed: number;
+  failed: number;
+  /** Skipped and todo tests (neither passed nor failed). */
+  other: number;
+  ms: number;
+  code: number | null;
+}
+
+function expand(args: string[]): string[] {
+  const out: string[] = [];
+  for (const a of args) {
+    const abs = isAbsolute(a) ? a : join(repoRoot, a);
+    if (/[*?[{]/.test(a)) out.push(...globSync(a, { cwd: repoRoot }).map((f) => join(repoRoot, f)));
+    else if (existsSync(abs) && statSync(abs).isDirectory())
+      out.push(...globSync('**/*.test.{ts,mts}', { cwd: abs }).map((f) => join(abs, f)));
+    else out.push(abs);
+  }
+  return [...new Set(out)].sort();
+}
+
+function plan(files: string[]): Job[] {
+  const jobs: Job[] = [];
+  const groups = new Map<string, string[]>();
+  for (const f of files) {
+    const rel = relative(repoRoot, f);
+    const group = rel.startsWith('test/unit/') ? 'unit' : rel.startsWith('test/sim/') ? 'sim' : undefined;
+    if (group) groups.set(group, [...(groups.get(group) ?? []), f]);
+    else {
+      const p = PROFILE[rel];
+      const name = rel.startsWith('..') ? f : rel;
+      jobs.push({
+        name,
+        files: [f],
+        fileConcurrency: 1,
+        estimate: p?.estimate ?? 30,
+        needsGround: true,
+      });
+    }
+  }
+  for (const [group, fs] of groups) {
+    const name =
+      fs.length === 1 ? relative(repoRoot, fs[0] as string) : `test/${group}/ (${fs.length} files)`;
+    const estimate = PROFILE[group]?.estimate ?? 30;
+    jobs.push({ name, files: fs, fileConcurrency: 2, estimate, needsGround: false });
+  }
+  // Longest first; the order of equal estimates is the file order.
+  return jobs.sort((a, b) => b.estimate - a.estimate);
+}
+
+function count(out: string, key: string): number | undefined {
+  const all = [...out.matchAll(new RegExp(`^ℹ ${key} (\\d+)$`, 'gm'))];
+  const last = all[all.length - 1];
+  return last ? Number(last[1]) : undefined;
+}
+
+const files = expand(process.argv.slice(2).length > 0 ? process.argv.slice(2) : DEFAULT_PATTERNS);
+const jobs = plan(files);
+const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 3) || 3);
+const dir = mkdtempSync(join(tmpdir(), 'vk-ground-'));
+const registry = openPidRegistry(join(dir, 'pids'));
 log(`dir ${dir}`);
 
 let ground: Ground | undefined;
-let child: ReturnType<typeof spawn> | undefined;
+const running = new Map<Job, { child: ChildProcess; out: () => string; started: number }>();
 const end = installTeardown(
   async (why) => {
     if (why.kind === 'signal') log(`${why.signal}: stopping the tests and the ground`);
     // The test processes first (they may be restarting things), then the ground in order
     // (apiserver before etcd), then whatever else is left in the registry.
-    if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+    for (const [job, r] of running) {
+      if (r.child.exitCode === null && r.child.signalCode === null) r.child.kill('SIGTERM');
+      if (why.kind !== 'done')
+        say(`interrupted ${job.name} after ${mmss(Date.now() - r.started)}:\n${r.out()}`);
+    }
     if (ground) await stopGround(ground).catch(() => {});
     const keepLogs = !(why.kind === 'done' && why.code === 0);
     if (keepLogs) {
@@ -49,22 +158,104 @@ const end = installTeardown(
   { registry, log },
 );
 
-try {
-  ground = await startGround(dir, { log });
-} catch (err) {
-  await end({ kind: 'error', error: err });
+if (files.length === 0) {
+  console.error(`suite: no test files match ${process.argv.slice(2).join(' ')}`);
+  await end({ kind: 'done', code: 2 });
 }
-const g = ground as Ground;
-console.log(`ground: kube-apiserver ${g.cluster.version} at ${g.cluster.url}; registry ${g.registry.url}`);
+if (jobs.some((j) => j.needsGround)) {
+  try {
+    ground = await startGround(dir, { log });
+  } catch (err) {
+    await end({ kind: 'error', error: err });
+  }
+  const g = ground as Ground;
+  console.log(`ground: kube-apiserver ${g.cluster.version} at ${g.cluster.url}; registry ${g.registry.url}`);
+}
+say(
+  `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time on ${availableParallelism()} cores: ` +
+    jobs.map((j) => j.name.replace(/^test\/integration\//, '')).join(', '),
+);
 
-child = spawn(process.execPath, ['--test', '--test-concurrency=1', '--test-reporter=spec', ...patterns], {
-  cwd: repoRoot,
-  stdio: 'inherit',
-  env: {
-    ...process.env,
-    VK_TEST_GROUND_DIR: dir,
-    PATH: `${join(repoRoot, 'node_modules', '.bin')}:${process.env.PATH}`,
-  },
+function runJob(job: Job): Promise<JobResult> {
+  const started = Date.now();
+  const child = spawn(
+    process.execPath,
+    ['--test', '--test-reporter=spec', `--test-concurrency=${job.fileConcurrency}`, ...job.files],
+    {
+      cwd: repoRoot,
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: {
+        ...process.env,
+        ...(ground ? { VK_TEST_GROUND_DIR: dir } : {}),
+        PATH: `${join(repoRoot, 'node_modules', '.bin')}:${process.env.PATH}`,
+      },
+    },
+  );
+  const chunks: Buffer[] = [];
+  // A run of one job (`npm test -- <file>`, a large soak) shows its progress as it comes.
+  const stream = jobs.length === 1;
+  const onData = (b: Buffer) => {
+    chunks.push(b);
+    if (stream) process.stdout.write(b);
+  };
+  child.stdout?.on('data', onData);
+  child.stderr?.on('data', onData);
+  const out = () => Buffer.concat(chunks).toString();
+  running.set(job, { child, out, started });
+  say(`start ${job.name}`);
+  return new Promise((resolve) => {
+    child.on('close', (code) => {
+      running.delete(job);
+      const text = out();
+      const ms = Date.now() - started;
+      const passed = count(text, 'pass') ?? 0;
+      let failed = (count(text, 'fail') ?? 0) + (count(text, 'cancelled') ?? 0);
+      // A file that crashed (or whose hooks failed) without a failing test still fails the suite.
+      if (code !== 0 && failed === 0) failed = 1;
+      const other = (count(text, 'skipped') ?? 0) + (count(text, 'todo') ?? 0);
+      if (!stream)
+        process.stdout.write(
+          `\n──── ${job.name}\n${text.endsWith('\n') || text === '' ? text : `${text}\n`}`,
+        );
+      say(
+        `${failed === 0 ? 'ok' : 'FAILED'} ${job.name}: ${passed + failed} tests, ` +
+          `${failed === 0 ? 'all passed' : `${failed} failing`}, ${mmss(ms)}`,
+      );
+      resolve({ job, passed, failed, other, ms, code });
+    });
+  });
+}
+
+const results: JobResult[] = [];
+await new Promise<void>((resolve) => {
+  const queue = [...jobs];
+  const pump = () => {
+    while (running.size < concurrency && queue.length > 0) {
+      const job = queue.shift() as Job;
+      void runJob(job).then((r) => {
+        results.push(r);
+        pump();
+      });
+    }
+    if (queue.length === 0 && running.size === 0) resolve();
+  };
+  pump();
 });
-const code: number = await new Promise((resolve) => child?.on('close', (c) => resolve(c ?? 1)));
-await end({ kind: 'done', code });
+
+const passed = results.reduce((n, r) => n + r.passed, 0);
+const failed = results.reduce((n, r) => n + r.failed, 0);
+const other = results.reduce((n, r) => n + r.other, 0);
+console.log('');
+say(
+  `job times: ${results
+    .sort((a, b) => b.ms - a.ms)
+    .map((r) => `${r.job.name.replace(/^test\/integration\//, '')} ${mmss(r.ms)}`)
+    .join(', ')}`,
+);
+for (const r of results) if (r.failed > 0) say(`FAILED ${r.job.name} (exit ${r.code})`);
+console.log(
+  `suite: ${passed} passed, ${failed} failed in ${mmss(Date.now() - suiteStart)}` +
+    (suiteStart !== t0 ? ` (npm test wall time; the tests ${mmss(Date.now() - t0)})` : '') +
+    (other > 0 ? `; ${other} skipped or todo` : ''),
+);
+await end({ kind: 'done', code: failed > 0 ? 1 : 0 });

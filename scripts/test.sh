@@ -3,6 +3,8 @@
 # integration tests (against a real kube-apiserver + etcd, the cocoon simulator and
 # Debian's docker-registry). Usage: npm test [-- <test file or glob> ...]
 set -euo pipefail
+# The suite's summary line reports the wall time since here (ground/run-tests.ts).
+export VK_SUITE_T0="${VK_SUITE_T0:-$(date +%s%3N)}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
