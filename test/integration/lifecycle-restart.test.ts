@@ -1,6 +1,7 @@
 // Never stranded (lifecycle.md §10.9): the provider SIGKILLed during the fixup, during the IP
 // wait, and between the `post-clone-state=failed` write and the lifecycle `failed` write; the
 // apiserver unreachable around the decision. Every pod still reaches `ready` or `failed`.
+// The outage stops the apiserver, so the file runs on a control plane of its own.
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -12,7 +13,7 @@ import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import { annotate, fixture, guestCalls, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
 
-const world = useWorld({ deferDaemon: true });
+const world = useWorld({ deferDaemon: true, privateGround: true });
 let w: World;
 
 function pod(name: string, vmName: string, image: string, extra: Record<string, string> = {}): V1Pod {

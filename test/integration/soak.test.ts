@@ -2,9 +2,14 @@
 // missing leases, failing fixup attempts, exhausted fixups, update bursts, daemon SIGKILLs
 // and an apiserver outage. Every pod must end `ready` or `failed` within its deadline, the
 // outcome must follow from its faults, no pod is `ready` without an IP, and no VM leaks.
+// The outage stops the apiserver, so the file runs on a control plane of its own.
 //
-//   VK_SOAK_PODS (default 300)   VK_SOAK_SEED (default 20261130)
-//   npm test -- test/integration/soak.test.ts   (with VK_SOAK_PODS=1000 for a larger run)
+//   VK_SOAK_PODS (default 100, sized for CI: every fault kind occurs)   VK_SOAK_SEED (default 20261130)
+//   VK_SOAK_PODS=1000 npm test -- test/integration/soak.test.ts        (a larger run; every wait scales with N)
+//
+// On a timeout the error lists the undecided (or undeleted) pods with their lifecycle state,
+// current step and ready deadline (the vm.cocoonstack.io/Readiness condition), and the world's
+// directory with the daemon's log is kept.
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -16,8 +21,18 @@ import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import { annotate, fixture, lifecycle } from './helpers.ts';
 
-const N = Number(process.env.VK_SOAK_PODS ?? 300);
+const N = Number(process.env.VK_SOAK_PODS ?? 100);
 const SEED = Number(process.env.VK_SOAK_SEED ?? 20261130);
+
+// Every wait scales with N. A bound pod is decided at the latest at its ready deadline (the
+// daemon's VK_READY_DEADLINE_SECONDS, 600 s by default), and the last pods are bound after the
+// bring-up of the others: about 1.1 s per pod on 2 cores (1,000 pods: ~1,065 s), 2 s allowed.
+const READY_DEADLINE_MS = 600_000;
+const CREATE_MS = 60_000 + N * 200;
+const CHAOS_MS = 3 * 15_000 + 10_000 + 120_000;
+const DECIDE_MS = READY_DEADLINE_MS + N * 2_000;
+const DELETE_MS = 120_000 + N * 600;
+const TEST_MS = CREATE_MS + CHAOS_MS + DECIDE_MS + DELETE_MS + 60_000;
 
 /** mulberry32: a tiny seeded PRNG, so a failing soak can be replayed exactly. */
 function prng(seed: number): () => number {
@@ -74,7 +89,7 @@ function makePlans(): Plan[] {
   });
 }
 
-const world = useWorld({ deferDaemon: true });
+const world = useWorld({ deferDaemon: true, privateGround: true });
 let w: World;
 const plans = makePlans();
 
@@ -110,8 +125,71 @@ before(async () => {
   await w.restart();
 });
 
+const READINESS = 'vm.cocoonstack.io/Readiness';
+
+/** Stands in for a pod the apiserver does not list (yet): pending, lifecycle `(none)`. */
+const missingPod = (name: string): V1Pod => ({
+  metadata: { name, annotations: {} },
+  status: { phase: 'missing' },
+});
+
+/** One line per pod: lifecycle state, current step and ready deadline, phase, VM, planned faults. */
+function describePods(pods: V1Pod[], byPlan: Map<string, Plan>, max = 60): string {
+  const lines = pods.slice(0, max).map((p) => {
+    const name = p.metadata?.name ?? '?';
+    const cond = p.status?.conditions?.find((c) => c.type === READINESS);
+    const step = cond ? `${cond.reason ?? ''}: ${cond.message ?? ''}` : 'no Readiness condition';
+    const plan = byPlan.get(name);
+    const faults = plan
+      ? `${plan.kind}${plan.leaseNever ? ' lease-never' : plan.leaseDelayMs ? ` lease+${plan.leaseDelayMs}ms` : ''}` +
+        `${plan.execFailures ? ` exec-fails=${plan.execFailures}` : ''}${plan.exhaust ? ' exhaust' : ''}`
+      : '';
+    const vm = p.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '-';
+    const gone = p.metadata?.deletionTimestamp ? ' terminating' : '';
+    return `  ${name}: lifecycle=${lifecycle(p) || '(none)'}${gone} phase=${p.status?.phase ?? '-'} vm=${vm} [${step}] plan: ${faults}`;
+  });
+  if (pods.length > max) lines.push(`  ... and ${pods.length - max} more`);
+  return lines.join('\n');
+}
+
+/** waitFor, but a timeout names the pods still in the way and where the daemon's log is. */
+async function waitPods(
+  w: World,
+  what: string,
+  pending: (pods: V1Pod[]) => V1Pod[],
+  timeoutMs: number,
+  byPlan: Map<string, Plan>,
+  progress: (line: string) => void,
+): Promise<V1Pod[]> {
+  let pods: V1Pod[] = [];
+  let left: V1Pod[] = [];
+  let lastReport = Date.now();
+  try {
+    await waitFor(
+      what,
+      async () => {
+        pods = (await w.core.listNamespacedPod({ namespace: w.namespace })).items;
+        left = pending(pods);
+        if (Date.now() - lastReport >= 60_000) {
+          lastReport = Date.now();
+          progress(`${what}: ${left.length} of ${N} pods still pending`);
+        }
+        return left.length === 0;
+      },
+      timeoutMs,
+      2000,
+    );
+  } catch (err) {
+    throw new Error(
+      `${(err as Error).message}\n${left.length} of ${N} pods pending (seed ${SEED}; now ${new Date().toISOString()}):\n` +
+        `${describePods(left, byPlan)}\ndaemon log (kept): ${w.logFile}`,
+    );
+  }
+  return pods;
+}
+
 test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dictate; no VM leaks`, {
-  timeout: 1_500_000,
+  timeout: TEST_MS,
 }, async (t) => {
   const ns = w.namespace;
   const rnd = prng(SEED ^ 0x5eed);
@@ -158,16 +236,21 @@ test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dic
     }
   })();
   await chaos;
-  let pods: V1Pod[] = [];
-  await waitFor(
+  const byPlan = new Map(plans.map((p) => [p.name, p]));
+  const progress = (line: string) =>
+    console.log(`soak: [+${((Date.now() - started) / 1000).toFixed(0)} s] ${line}`);
+  const pods = await waitPods(
+    w,
     'every soak pod decided',
-    async () => {
-      pods = (await w.core.listNamespacedPod({ namespace: ns })).items;
-      return pods.filter((p) => ['ready', 'failed'].includes(lifecycle(p))).length === N;
+    (all) => {
+      const listed = new Map(all.map((p) => [p.metadata?.name ?? '', p]));
+      return plans
+        .map((p) => listed.get(p.name) ?? missingPod(p.name))
+        .filter((p) => !['ready', 'failed'].includes(lifecycle(p)));
     },
-    // Deadline 600 s after the VM is bound plus bring-up under load.
-    900_000,
-    2000,
+    DECIDE_MS,
+    byPlan,
+    progress,
   );
   const elapsed = (Date.now() - started) / 1000;
   const byName = new Map(pods.map((p) => [p.metadata?.name ?? '', p]));
@@ -196,12 +279,7 @@ test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dic
   assert.equal(vms.length, N, 'one VM per pod');
   assert.equal(new Set(vms.map((v) => v.config.name)).size, N, 'no duplicate VMs');
   await Promise.all(plans.map((p) => w.core.deleteNamespacedPod({ namespace: ns, name: p.name })));
-  await waitFor(
-    'soak pods deleted',
-    async () => (await w.core.listNamespacedPod({ namespace: ns })).items.length === 0,
-    600_000,
-    2000,
-  );
+  await waitPods(w, 'soak pods deleted', (all) => all, DELETE_MS, byPlan, progress);
   const left = (await w.sim(['vm', 'list', '-o', 'json'])).trim();
   assert.ok(left === '' || left === '[]' || left === 'No VMs found.', `VMs leaked: ${left.slice(0, 300)}`);
 });

@@ -20,6 +20,10 @@ const SNAPSHOT = 'acme/agent';
 // An empty value is "unset" for the daemon (src/config/env.ts): the client CA defaults to the
 // kubeconfig's certificate-authority, whatever the ground's daemon defaults say.
 const world = useWorld({ env: { VK_TLS_CLIENT_CA: '' } });
+/** Pods of the concurrent create/delete test (VK_IT_PODS, default 200); its waits scale with it
+ * (about 0.6 s per pod on 2 cores next to other test files; 2.4 s allowed). */
+const IT_PODS = Number(process.env.VK_IT_PODS ?? 200);
+const IT_WAIT_MS = 120_000 + IT_PODS * 2_400;
 let w: World;
 
 before(async () => {
@@ -272,9 +276,9 @@ describe('pods', () => {
     await waitForPodGone(w.core, ns, 'stats-0');
   });
 
-  test('200 pods created and deleted concurrently: none left Terminating, no VM leaked, one VM per pod', async (t) => {
+  test(`${IT_PODS} pods created and deleted concurrently: none left Terminating, no VM leaked, one VM per pod`, async (t) => {
     const ns = w.namespace;
-    const n = Number(process.env.VK_IT_PODS ?? 200);
+    const n = IT_PODS;
     const names = Array.from({ length: n }, (_, i) => `many-${i}`);
     const t0 = Date.now();
     await Promise.all(
@@ -294,7 +298,7 @@ describe('pods', () => {
             .length === n
         );
       },
-      600_000,
+      IT_WAIT_MS,
       1000,
     );
     t.diagnostic(`${n} pods Running after ${((Date.now() - t0) / 1000).toFixed(1)} s`);
@@ -315,7 +319,7 @@ describe('pods', () => {
         (await w.core.listNamespacedPod({ namespace: ns })).items.filter((p) =>
           p.metadata?.name?.startsWith('many-'),
         ).length === 0,
-      600_000,
+      IT_WAIT_MS,
       1000,
     );
     t.diagnostic(`${n} pods deleted after ${((Date.now() - t1) / 1000).toFixed(1)} s`);
