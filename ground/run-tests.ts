@@ -7,10 +7,10 @@
 // VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
 // deadlines and tickers, not on the 2 cores) run at once, longest first (the estimates below,
 // measured warm on 2 cores), so the long files start at once and the short ones fill the gaps.
-// Integration files share
-// the ground and keep apart by namespace and node name (ground/world.ts); a file that stops or
-// restarts the apiserver starts a ground of its own (useWorld({ privateGround: true })). Each
-// job's output is printed in one block when it ends; the last line is the summary
+// Integration files share the ground and keep apart by namespace and node name
+// (ground/world.ts); a file that stops or restarts the apiserver starts a ground of its own
+// (useWorld({ privateGround: true })). Each job's output is printed in one block when it ends
+// (a run of one job streams it); the last line is the summary
 // `suite: <N> passed, <M> failed in <mm:ss>` (the wall time since `npm test` started).
 //
 // Every process of the run is in its PID registry (<ground dir>/pids, exported to the tests as
@@ -49,9 +49,9 @@ const DEFAULT_PATTERNS = ['test/unit/**/*.test.ts', 'test/sim/**/*.test.ts', 'te
 
 // scripts/test.sh sets VK_SUITE_T0 (epoch ms) before setup, typecheck and lint: the summary's
 // wall time is the whole `npm test`. Not inherited by nested runs (tests of this runner).
-const suiteStart = Number(process.env.VK_SUITE_T0) || Date.now();
-delete process.env.VK_SUITE_T0;
 const t0 = Date.now();
+const suiteStart = Number(process.env.VK_SUITE_T0) || t0;
+delete process.env.VK_SUITE_T0;
 const log = (line: string) => console.log(`ground: [${((Date.now() - t0) / 1000).toFixed(1)}s] ${line}`);
 const mmss = (ms: number) => {
   const s = Math.round(ms / 1000);
@@ -133,16 +133,22 @@ const registry = openPidRegistry(join(dir, 'pids'));
 log(`dir ${dir}`);
 
 let ground: Ground | undefined;
+/** Set once the teardown began: no job starts, no result is reported (the process is exiting). */
+let stopping = false;
 const running = new Map<Job, { child: ChildProcess; out: () => string; started: number }>();
 const end = installTeardown(
   async (why) => {
     if (why.kind === 'signal') log(`${why.signal}: stopping the tests and the ground`);
+    stopping = true;
     // The test processes first (they may be restarting things), then the ground in order
     // (apiserver before etcd), then whatever else is left in the registry.
     for (const [job, r] of running) {
       if (r.child.exitCode === null && r.child.signalCode === null) r.child.kill('SIGTERM');
+      // A single job's output was streamed already.
       if (why.kind !== 'done')
-        say(`interrupted ${job.name} after ${mmss(Date.now() - r.started)}:\n${r.out()}`);
+        say(
+          `interrupted ${job.name} after ${mmss(Date.now() - r.started)}${jobs.length > 1 ? `:\n${r.out()}` : ''}`,
+        );
     }
     if (ground) await stopGround(ground).catch(() => {});
     const keepLogs = !(why.kind === 'done' && why.code === 0);
@@ -206,6 +212,7 @@ function runJob(job: Job): Promise<JobResult> {
   return new Promise((resolve) => {
     child.on('close', (code) => {
       running.delete(job);
+      if (stopping) return;
       const text = out();
       const ms = Date.now() - started;
       const passed = count(text, 'pass') ?? 0;
@@ -230,6 +237,7 @@ const results: JobResult[] = [];
 await new Promise<void>((resolve) => {
   const queue = [...jobs];
   const pump = () => {
+    if (stopping) return;
     while (running.size < concurrency && queue.length > 0) {
       const job = queue.shift() as Job;
       void runJob(job).then((r) => {
