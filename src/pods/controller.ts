@@ -63,7 +63,9 @@ export class PodController {
   readonly #queue: WorkQueue;
   readonly #status: PodStatusWriter;
   /** Pod version whose sync failed, and when its backoff retry is due, per key. */
-  readonly #failedSync = new Map<string, { fp: string; retryAt: number }>();
+  // The failure count lives here, not in the WorkQueue: an early return during a backoff
+  // resolves the queue's sync and so resets the queue's own count.
+  readonly #failedSync = new Map<string, { fp: string; retryAt: number; attempts: number }>();
   /** Fingerprint of the pod version the last successful sync handled, per key. */
   readonly #handled = new Map<string, string>();
   /** Pods held back by a missing mandatory ConfigMap/Secret: dependency → pod keys. */
@@ -212,13 +214,17 @@ export class PodController {
     // A sync that failed is retried on its backoff schedule, not by the watch events our
     // own writes cause: an unchanged pod waits for the timer (docs/decisions.md).
     const failed = this.#failedSync.get(key);
-    if (failed && failed.fp === fp && monoNow() < failed.retryAt) return;
+    if (failed && failed.fp === fp && monoNow() < failed.retryAt) {
+      // The retry stays owed: re-arm the timer (a no-op when one is already pending).
+      this.#queue.addAfter(key, failed.retryAt - monoNow());
+      return;
+    }
     try {
       await this.#syncPod(key, pod, fp);
       this.#failedSync.delete(key);
     } catch (err) {
-      const attempt = this.#queue.retries(key) + 1;
-      this.#failedSync.set(key, { fp, retryAt: monoNow() + syncBackoffMs(attempt) });
+      const attempts = (failed?.attempts ?? 0) + 1;
+      this.#failedSync.set(key, { fp, retryAt: monoNow() + syncBackoffMs(attempts), attempts });
       throw err;
     }
   }
