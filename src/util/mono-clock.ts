@@ -7,10 +7,22 @@
 /** Monotonic whole milliseconds since process start (integers: timers and
  * `AbortSignal.timeout` reject fractional delays). */
 export function monoNow(): number {
-  return Math.floor(performance.now()) + offsetMs;
+  return (frozenAt ?? Math.floor(performance.now())) + offsetMs;
 }
 
 let offsetMs = 0;
+let frozenAt: number | undefined;
+
+/** Test seam: stops (true) or restarts (false) the clock's own progress, so only
+ * {@link advanceMonoClockForTests} moves it (tests that also mock timers stay deterministic
+ * under load). Never called by the daemon. */
+export function freezeMonoClockForTests(frozen: boolean): void {
+  if (frozen && frozenAt === undefined) frozenAt = Math.floor(performance.now());
+  if (!frozen && frozenAt !== undefined) {
+    offsetMs += frozenAt - Math.floor(performance.now());
+    frozenAt = undefined;
+  }
+}
 
 /** Test seam: moves the monotonic clock forward (budgets and deadlines expire without
  * waiting for them). Never called by the daemon. */

@@ -10,7 +10,7 @@ import { silentLogger } from '../../../src/log.ts';
 import { PodController } from '../../../src/pods/controller.ts';
 import { NotFoundError, type PodLifecycleHandler } from '../../../src/pods/ports.ts';
 import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
-import { advanceMonoClockForTests } from '../../../src/util/mono-clock.ts';
+import { advanceMonoClockForTests, freezeMonoClockForTests } from '../../../src/util/mono-clock.ts';
 import {
   type FakeKube,
   type FakeWatchServer,
@@ -354,8 +354,13 @@ test('the dangling sweep: a provider pod missing from the first list is deleted 
 test('CreatePod throwing: Warning ProviderCreateFailed and one ProviderFailed status; retried on backoff, not by the echo of an unchanged pod', async (t) => {
   const r = await rig(t);
   await r.start();
+  // Mocked timers and a frozen monotonic clock: only advance() moves time, however slow the machine.
   mock.timers.enable({ apis: ['setTimeout'] });
-  t.after(() => mock.timers.reset());
+  freezeMonoClockForTests(true);
+  t.after(() => {
+    mock.timers.reset();
+    freezeMonoClockForTests(false);
+  });
   const message = 'missing annotation vm.cocoonstack.io/name';
   r.provider.createError = new Error(message);
   const pod = apiPod('bad-0');
@@ -454,8 +459,13 @@ test('CreatePod throwing: Warning ProviderCreateFailed and one ProviderFailed st
 test('a status-only watch event during a backoff does not reset the backoff of the next failure', async (t) => {
   const r = await rig(t);
   await r.start();
+  // Mocked timers and a frozen monotonic clock: only advance() moves time, however slow the machine.
   mock.timers.enable({ apis: ['setTimeout'] });
-  t.after(() => mock.timers.reset());
+  freezeMonoClockForTests(true);
+  t.after(() => {
+    mock.timers.reset();
+    freezeMonoClockForTests(false);
+  });
   r.provider.createError = new Error('missing annotation vm.cocoonstack.io/name');
   const pod = apiPod('reset-0');
   await r.send('ADDED', pod);
