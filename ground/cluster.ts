@@ -41,13 +41,51 @@ export interface ClusterState {
   tokens: GroundTokens;
   certs: GroundCerts;
   extraApiserverArgs: string[];
+  /** The apiserver's audit log (JSON lines), when started with `audit: true`. */
+  auditLog?: string;
 }
 
 export interface ClusterOptions {
   dir: string;
   detached?: boolean;
   extraApiserverArgs?: string[];
+  /**
+   * Opt-in audit log (the benchmarks count API writes per client with it): every create,
+   * update, patch, delete and deletecollection at level Metadata, one event per request (stage
+   * ResponseComplete), nothing else. Off by default.
+   */
+  audit?: boolean;
   log?: (line: string) => void;
+}
+
+/** The audit policy of `audit: true`: writes at Metadata, one event per request, nothing else. */
+export const AUDIT_POLICY = [
+  'apiVersion: audit.k8s.io/v1',
+  'kind: Policy',
+  'omitStages: ["RequestReceived"]',
+  'rules:',
+  '- level: Metadata',
+  '  verbs: ["create", "update", "patch", "delete", "deletecollection"]',
+  '- level: None',
+  '',
+].join('\n');
+
+/** apiserver flags of the audit log: blocking mode (an event is on disk when its request is
+ * answered) and no rotation (lumberjack would rotate at 100 MB otherwise). */
+function auditArgs(dir: string): { args: string[]; log: string } {
+  const policy = join(dir, 'audit-policy.yaml');
+  const log = join(dir, 'audit.log');
+  writeFileSync(policy, AUDIT_POLICY);
+  return {
+    log,
+    args: [
+      `--audit-policy-file=${policy}`,
+      `--audit-log-path=${log}`,
+      '--audit-log-format=json',
+      '--audit-log-mode=blocking',
+      '--audit-log-maxsize=100000',
+    ],
+  };
 }
 
 /** Builds (or finds cached) kube-apiserver, kube-controller-manager, kube-scheduler, etcd
@@ -295,6 +333,7 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
     { mode: 0o600 },
   );
   const apiserverPort = await freePort();
+  const audit = opts.audit ? auditArgs(opts.dir) : undefined;
   const state: ClusterState = {
     dir: opts.dir,
     binDir,
@@ -313,7 +352,9 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
     schedulerKubeconfig: join(opts.dir, 'scheduler.kubeconfig'),
     tokens,
     certs,
-    extraApiserverArgs: opts.extraApiserverArgs ?? [],
+    // In the state (not computed per start), so an apiserver restarted by startApiserver keeps them.
+    extraApiserverArgs: [...(opts.extraApiserverArgs ?? []), ...(audit?.args ?? [])],
+    ...(audit ? { auditLog: audit.log } : {}),
   };
   const ca = certs.caCert;
   writeFileSync(state.kubeconfig, kubeconfigYaml(state.url, ca, 'admin', { token: tokens.admin }));

@@ -18,9 +18,19 @@ export interface Ground {
 
 export async function startGround(
   dir: string,
-  opts: { detached?: boolean; log?: (line: string) => void } = {},
+  opts: {
+    detached?: boolean;
+    log?: (line: string) => void;
+    /** The apiserver's audit log of writes (ClusterOptions.audit; `cluster.auditLog`). Off by default. */
+    audit?: boolean;
+  } = {},
 ): Promise<Ground> {
-  const cluster = await startCluster({ dir: join(dir, 'cluster'), detached: opts.detached, log: opts.log });
+  const cluster = await startCluster({
+    dir: join(dir, 'cluster'),
+    detached: opts.detached,
+    log: opts.log,
+    audit: opts.audit,
+  });
   let registry: RegistryState;
   try {
     opts.log?.('starting docker-registry');
