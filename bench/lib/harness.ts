@@ -1,0 +1,193 @@
+// What every benchmark script shares: a work directory, a PID registry and a teardown that
+// stops everything the bench started however it ends (done, an error, SIGINT/SIGTERM, a crash:
+// ground/proc.ts installTeardown), one test ground with the apiserver's audit log, and
+// "daemon environments" (a simulator root + a vk-cocoon on its own node name + a namespace).
+import { mkdtempSync, rmSync } from 'node:fs';
+import os, { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
+import { type Daemon, type DaemonOptions, startDaemon } from '../../ground/daemon.ts';
+import { type Ground, startGround, stopGround } from '../../ground/ground.ts';
+import { adminClients, newNamespace } from '../../ground/kube.ts';
+import { installTeardown, openPidRegistry } from '../../ground/proc.ts';
+import { newSimRoot, type SimRoot } from '../../sim/client.ts';
+import { AuditTail } from './audit.ts';
+
+/** Daemon settings a bench run passes through from its own environment. */
+const PASS_THROUGH = [
+  'VK_KUBE_QPS',
+  'VK_KUBE_BURST',
+  'VK_KUBE_EVENT_QPS',
+  'VK_KUBE_EVENT_BURST',
+  'VK_RECONCILE_INTERVAL_SECONDS',
+  'VK_READY_DEADLINE_SECONDS',
+];
+
+/** One simulator root, one vk-cocoon on its own node name, one namespace for its pods. */
+export interface DaemonEnv {
+  label: string;
+  nodeName: string;
+  ns: string;
+  sim: SimRoot;
+  daemon: Daemon;
+  daemonOpts: DaemonOptions;
+  core: CoreV1Api;
+  kc: KubeConfig;
+  /** The clone source every bench pod uses. */
+  image: string;
+}
+
+export class Bench {
+  readonly name: string;
+  readonly dir: string;
+  readonly log: (line: string) => void;
+  ground: Ground | undefined;
+  audit: AuditTail | undefined;
+  stopping = false;
+  /** Simulator roots to clean and daemons to stop at teardown (the env once its daemon runs). */
+  readonly #live = new Set<{ sim: SimRoot; env?: DaemonEnv }>();
+  readonly #end: ReturnType<typeof installTeardown>;
+  /** 1-minute load average when the bench started (the machine may be shared). */
+  readonly loadAtStart = os.loadavg()[0] ?? 0;
+
+  constructor(name: string) {
+    this.name = name;
+    this.dir = mkdtempSync(join(tmpdir(), `vk-${name}-`));
+    const registry = openPidRegistry(join(this.dir, 'pids'));
+    this.log = (line: string) => console.log(`${name}: ${line}`);
+    this.log(`work dir ${this.dir}`);
+    this.#end = installTeardown(
+      async (why) => {
+        this.stopping = true;
+        if (why.kind === 'signal') this.log(`${why.signal}: stopping`);
+        for (const { sim, env } of this.#live) {
+          if (env) await Promise.race([env.daemon.stop().catch(() => null), sleep(15_000)]);
+          await sim.cleanup({ keepDir: true }).catch(() => {});
+        }
+        if (this.ground) await stopGround(this.ground).catch(() => {});
+        if (why.kind === 'done' && why.code === 0 && !process.env.VK_BENCH_KEEP) {
+          // After installTeardown has stopped whatever is left in the registry.
+          process.once('exit', () => rmSync(this.dir, { recursive: true, force: true }));
+        } else {
+          this.log(`logs kept in ${this.dir}`);
+        }
+        return undefined;
+      },
+      { registry, log: this.log },
+    );
+  }
+
+  /** Runs the bench's main function, then the teardown (exit code 0, or 1 on an error). */
+  run(main: () => Promise<void>): void {
+    main().then(
+      () => this.#end({ kind: 'done', code: 0 }),
+      (error: unknown) => this.#end({ kind: 'error', error }),
+    );
+  }
+
+  /** Throws when a signal started the teardown (long phases call it between steps). */
+  check(): void {
+    if (this.stopping) throw new Error('stopping');
+  }
+
+  /** Starts the control plane with the audit log. */
+  async startGround(): Promise<Ground> {
+    const g = await startGround(join(this.dir, 'ground'), { log: (l) => this.log(l), audit: true });
+    this.ground = g;
+    this.check();
+    if (!g.cluster.auditLog) throw new Error('the ground has no audit log');
+    this.audit = new AuditTail(g.cluster.auditLog);
+    return g;
+  }
+
+  /** A fresh simulator root, namespace and daemon (node `label`) with a clonable snapshot. */
+  async newEnv(label: string, opts: { pods: number }): Promise<DaemonEnv> {
+    const g = this.ground;
+    if (!g) throw new Error('startGround first');
+    const sim = await newSimRoot({ parent: this.dir });
+    const live: { sim: SimRoot; env?: DaemonEnv } = { sim };
+    this.#live.add(live);
+    const image = 'bench/base';
+    await sim.fixtureSnapshot(image, {
+      backend: 'cloud-hypervisor',
+      os: 'linux',
+      image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+    });
+    const { core, kc } = adminClients(g.cluster);
+    const ns = await newNamespace(core, label);
+    const daemonEnv: Record<string, string> = {
+      ...sim.env(),
+      VK_LOG_LEVEL: process.env.VK_LOG_LEVEL ?? 'info',
+      // Only advertised (the node's pod capacity), set so the node object is honest.
+      VK_NODE_PODS: String(Math.max(256, opts.pods)),
+    };
+    for (const k of PASS_THROUGH) if (process.env[k]) daemonEnv[k] = process.env[k] as string;
+    const daemonOpts: DaemonOptions = {
+      cluster: g.cluster,
+      nodeName: label,
+      cocoonBin: sim.cocoonBin,
+      rootDir: sim.root,
+      leasesPath: sim.leasesPath,
+      logFile: join(this.dir, `vk-cocoon-${label}.log`),
+      env: daemonEnv,
+    };
+    const daemon = await startDaemon(daemonOpts);
+    const env: DaemonEnv = { label, nodeName: label, ns, sim, daemon, daemonOpts, core, kc, image };
+    live.env = env;
+    this.check();
+    return env;
+  }
+
+  /** SIGKILLs the env's daemon (a crash). */
+  async killDaemon(env: DaemonEnv): Promise<void> {
+    await env.daemon.kill();
+  }
+
+  /** Starts the env's daemon again (same node, simulator root and lease file); resolves once
+   * it serves /healthz, which it does only after its startup reconcile, pod controller and
+   * node registration. */
+  async startDaemonAgain(env: DaemonEnv): Promise<Daemon> {
+    env.daemon = await startDaemon(env.daemonOpts);
+    return env.daemon;
+  }
+
+  /**
+   * Stops the env's daemon (SIGTERM), then removes its pods at once (grace 0: no kubelet is
+   * left to confirm a graceful deletion), its namespace and its node object, and cleans the
+   * simulator root, so the next size starts from an empty node.
+   */
+  async dropEnv(env: DaemonEnv): Promise<void> {
+    await Promise.race([env.daemon.stop().catch(() => null), sleep(15_000)]);
+    await env.daemon.kill().catch(() => {});
+    const { core, ns } = env;
+    await core.deleteCollectionNamespacedPod({ namespace: ns, gracePeriodSeconds: 0 }).catch((e: unknown) => {
+      this.log(`deleting the pods of ${ns}: ${e instanceof Error ? e.message : String(e)}`);
+    });
+    await core.deleteNamespace({ name: ns }).catch(() => {});
+    await core.deleteNode({ name: env.nodeName }).catch(() => {});
+    await env.sim.cleanup({ keepDir: true }).catch(() => {});
+    for (const l of this.#live) if (l.sim === env.sim) this.#live.delete(l);
+  }
+}
+
+/** The machine, printed above every result. */
+export function machineLines(g?: Ground, bench?: Bench): string[] {
+  const cpus = os.cpus();
+  const load = (os.loadavg()[0] ?? 0).toFixed(1);
+  return [
+    `machine: ${os.availableParallelism()} CPUs (nproc), ${cpus[0]?.model.trim() ?? 'unknown CPU'}, ` +
+      `${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, ${os.type()} ${os.release()}`,
+    `node ${process.version} (daemon and simulator)` + (g ? `, kube-apiserver ${g.cluster.version}` : ''),
+    `load average (1 min): ${bench ? `${bench.loadAtStart.toFixed(1)} at the start, ` : ''}${load} at the end`,
+  ];
+}
+
+/** A positive integer from the environment, or the default. */
+export function envInt(name: string, dflt: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === '') return dflt;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`${name}=${raw}: expected a positive integer`);
+  return n;
+}
