@@ -3,6 +3,8 @@
 #  - npm dependencies, including Node.js 24 from the npm registry (node_modules/.bin/node)
 #  - Debian's docker-registry (CNCF distribution 2.8), the OCI registry of the tests
 #  - kube-apiserver, etcd and kubectl built from the Go module proxy (cached outside the repo)
+#  - the cocoon simulator's thin Go client (node_modules/.cache/vk-cocoon/, rebuilt when its
+#    source changes; without Go the simulator falls back to one Node process per call)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -25,3 +27,4 @@ if ! command -v docker-registry >/dev/null; then
 fi
 command -v openssl >/dev/null || { say "openssl is required (apt-get install openssl)"; exit 1; }
 bash scripts/testbin.sh >/dev/null
+bash sim/client-go/build.sh

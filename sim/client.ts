@@ -5,8 +5,11 @@
 //   const bin = await sim.installBin();          // VK_COCOON_BIN for the provider
 //   spawn(provider, { env: { ...process.env, ...sim.env(), VK_COCOON_BIN: bin } });
 //   ... sim.calls(), sim.guestCommands(), sim.leases() ...
-//   await sim.cleanup();                          // kills every stand-in, removes the root
-import { spawn } from 'node:child_process';
+//   await sim.cleanup();                          // kills every stand-in, stops the server, removes the root
+//
+// newSimRoot starts the root's simulator server (sim/server.ts) when the thin client is built
+// (scripts/setup.sh) and COCOON_SIM_SERVER is not 0: every call then costs a few ms of CPU.
+import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -22,6 +25,24 @@ const repo = path.resolve(import.meta.dirname, '..');
 /** The simulator executable (a bash shim; `cocoon` behaviour when invoked through a symlink named cocoon). */
 export const SIM_BIN = path.join(repo, 'bin', 'cocoon-sim');
 const SIM_MAIN = path.join(repo, 'sim', 'main.ts');
+const SIM_SERVER = path.join(repo, 'sim', 'server.ts');
+/** The thin `cocoon` client (sim/client-go), built by scripts/setup.sh. */
+export const CLIENT_BIN = path.join(repo, 'node_modules', '.cache', 'vk-cocoon', 'cocoon-sim-client');
+/** cocoon-sim-rusage CMD...: runs CMD and reports its rusage on fd 3 (bench/sim-call.ts). */
+export const RUSAGE_BIN = path.join(repo, 'node_modules', '.cache', 'vk-cocoon', 'cocoon-sim-rusage');
+
+/**
+ * What a `cocoon` symlink points at: the thin client when it is built (it serves through the
+ * root's server, else execs the Node simulator itself), else the bash shim.
+ */
+function cocoonTarget(): string {
+  return fs.existsSync(CLIENT_BIN) ? CLIENT_BIN : SIM_BIN;
+}
+
+/** Server mode is on unless COCOON_SIM_SERVER=0 (docs/simulator.md, "Server mode"). */
+function serverWanted(env: NodeJS.ProcessEnv): boolean {
+  return env.COCOON_SIM_SERVER !== '0';
+}
 
 /** One line of <root>/sim/calls.jsonl. */
 export interface CallRecord {
@@ -66,7 +87,8 @@ export interface RunOptions {
   env?: NodeJS.ProcessEnv;
   /**
    * Go through the installed `cocoon` symlink and the bash shim, exactly as the provider does.
-   * By default the helper starts `node sim/main.ts` directly (same code, ~80 ms cheaper).
+   * By default the helper starts the thin client directly when the root's server runs, else
+   * `node sim/main.ts` (same code, no bash shim).
    */
   viaShim?: boolean;
 }
@@ -99,6 +121,11 @@ export interface NewSimRootOptions {
   leasesPath?: string;
   /** Parent directory for the temporary directory (default os.tmpdir()). */
   parent?: string;
+  /**
+   * Start the root's simulator server (default: unless COCOON_SIM_SERVER=0 or the thin client
+   * is not built). Without it every call is a Node process of its own.
+   */
+  server?: boolean;
 }
 
 function mergeDeep(base: unknown, patch: unknown): unknown {
@@ -133,8 +160,9 @@ export class SimRoot {
   /** COCOON_ROOT_DIR of this simulator. */
   readonly root: string;
   readonly leasesPath: string;
-  /** `<dir>/bin/cocoon`, a symlink to the simulator. */
+  /** `<dir>/bin/cocoon`, a symlink to the simulator (the thin client, or bin/cocoon-sim). */
   readonly cocoonBin: string;
+  private server: ChildProcess | undefined;
 
   constructor(dir: string, leasesPath?: string) {
     this.dir = dir;
@@ -189,6 +217,12 @@ export class SimRoot {
       detached: true,
     };
     if (viaShim) return spawn(as === 'cocoon' ? this.cocoonBin : SIM_BIN, args, opts);
+    if (this.serverPid !== undefined && serverWanted(fullEnv)) {
+      return spawn(CLIENT_BIN, args, {
+        ...opts,
+        env: { ...fullEnv, COCOON_SIM_ARGV0: as, COCOON_SIM_HOME: repo },
+      });
+    }
     return spawn(process.execPath, [SIM_MAIN, ...args], {
       ...opts,
       env: { ...fullEnv, COCOON_SIM_ARGV0: as },
@@ -310,24 +344,98 @@ export class SimRoot {
   }
 
   /**
-   * Installs a symlink named `cocoon` to the simulator into `dir` (default `<dir>/bin`, which
-   * exists already) and returns its path: the value for VK_COCOON_BIN.
+   * Installs a symlink named `cocoon` to the simulator (the thin client when built, else
+   * bin/cocoon-sim) into `dir` (default `<dir>/bin`, which exists already) and returns its
+   * path: the value for VK_COCOON_BIN.
    */
   async installBin(dir?: string): Promise<string> {
     if (dir === undefined) return this.cocoonBin;
     fs.mkdirSync(dir, { recursive: true });
     const link = path.join(dir, 'cocoon');
     fs.rmSync(link, { force: true });
-    fs.symlinkSync(SIM_BIN, link);
+    fs.symlinkSync(cocoonTarget(), link);
     return link;
   }
 
-  /** Kills every process the simulator started for this root; removes the directory unless keepDir. */
+  /** The pid of the root's simulator server, while it runs. */
+  get serverPid(): number | undefined {
+    const s = this.server;
+    return s?.pid !== undefined && s.exitCode === null && s.signalCode === null ? s.pid : undefined;
+  }
+
+  /**
+   * Starts the root's simulator server (sim/server.ts) and waits until it serves. A child of
+   * this process, which it never outlives (it exits when its parent changes); stopped by
+   * cleanup() or stopServer(). Resolves false when it could not be started (calls then fall
+   * back to a Node process each, as with COCOON_SIM_SERVER=0).
+   */
+  async startServer(): Promise<boolean> {
+    if (this.serverPid !== undefined) return true;
+    if (!fs.existsSync(CLIENT_BIN)) return false;
+    const log = fs.openSync(path.join(this.root, 'sim', 'server.log'), 'a');
+    const child = spawn(process.execPath, [SIM_SERVER, this.root], {
+      stdio: ['ignore', 'pipe', log],
+      env: { ...process.env, ...this.env() },
+      cwd: '/',
+    });
+    fs.closeSync(log);
+    const ready = await new Promise<boolean>((resolve) => {
+      let text = '';
+      const timer = setTimeout(() => resolve(false), 30_000);
+      child.stdout?.on('data', (d: Buffer) => {
+        text += d.toString();
+        if (text.includes('ready\n')) {
+          clearTimeout(timer);
+          resolve(true);
+        }
+      });
+      child.once('exit', () => {
+        clearTimeout(timer);
+        resolve(false);
+      });
+      child.once('error', () => {
+        clearTimeout(timer);
+        resolve(false);
+      });
+    });
+    child.stdout?.destroy();
+    child.unref();
+    if (!ready) {
+      if (child.exitCode === null) child.kill('SIGKILL');
+      process.stderr.write(
+        `cocoon-sim: the simulator server did not start (see ${this.root}/sim/server.log)\n`,
+      );
+      return false;
+    }
+    this.server = child;
+    return true;
+  }
+
+  /** Stops the root's simulator server (SIGTERM, SIGKILL after 2 s) and waits until it is gone. */
+  async stopServer(): Promise<void> {
+    const child = this.server;
+    const pid = this.serverPid;
+    this.server = undefined;
+    if (!child || pid === undefined) return;
+    const start = procStartOf(pid);
+    const gone = () => child.exitCode !== null || child.signalCode !== null || procStartOf(pid) !== start;
+    child.kill('SIGTERM');
+    for (let i = 0; i < 200 && !gone(); i++) {
+      if (i === 100) child.kill('SIGKILL');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  /**
+   * Kills every process the simulator started for this root and stops its server; removes the
+   * directory unless keepDir.
+   */
   async cleanup(opts: { keepDir?: boolean } = {}): Promise<void> {
     if (fs.existsSync(this.root)) {
       const r = await this.run(['__sim', 'kill-all'], { timeoutMs: 15_000 }).catch(() => undefined);
       if (r?.code !== 0) this.killRegistered();
     }
+    await this.stopServer();
     if (!opts.keepDir) fs.rmSync(this.dir, { recursive: true, force: true });
   }
 
@@ -362,9 +470,21 @@ export async function newSimRoot(opts: NewSimRootOptions = {}): Promise<SimRoot>
   const sim = new SimRoot(dir, opts.leasesPath);
   fs.mkdirSync(path.join(sim.root, 'sim'), { recursive: true });
   fs.mkdirSync(path.dirname(sim.cocoonBin), { recursive: true });
-  fs.symlinkSync(SIM_BIN, sim.cocoonBin);
+  fs.symlinkSync(cocoonTarget(), sim.cocoonBin);
   if (opts.knobs) await sim.setKnobs(opts.knobs);
+  if (opts.server ?? serverWanted(process.env)) await sim.startServer();
   return sim;
+}
+
+/** Start time of a live process (clock ticks since boot), undefined when gone or a zombie. */
+function procStartOf(pid: number): number | undefined {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return f[0] === 'Z' || f[0] === 'X' ? undefined : Number(f[19]);
+  } catch {
+    return undefined;
+  }
 }
 
 /** The digest `image pull <ref>` produces (without an `images.digests` override). */

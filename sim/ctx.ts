@@ -1,9 +1,9 @@
 // The per-invocation context handed to every verb: root, knobs, output helpers, and the
 // latency / fault injection of cocoon-cli.md §8.5.
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { CommandSpec, Parsed } from './cli.ts';
 import { findSnapshotIn, findVm, readSnapDb } from './db.ts';
 import { ScriptedExit } from './errors.ts';
+import { checkpoint, type Io, io } from './io.ts';
 import { consumeTimes, type Knobs, latencyMs, matchesAny, re, ruleKey } from './knobs.ts';
 
 export interface Verb {
@@ -17,10 +17,13 @@ export type VerbModule = { verbs: Record<string, Verb> };
 
 export type FaultPhase = 'pre' | 'start';
 
-/** Never resolves; keeps the event loop alive (a hung cocoon). */
-export function hangForever(): Promise<never> {
+/**
+ * Never resolves (a hung cocoon). A process keeps its event loop alive until it is killed; a
+ * server request stays open until its client goes away.
+ */
+export function hangForever(cur: Io = io()): Promise<never> {
   return new Promise<never>(() => {
-    setInterval(() => {}, 1 << 30);
+    if (!cur.server) setInterval(() => {}, 1 << 30);
   });
 }
 
@@ -33,6 +36,8 @@ export class Ctx {
   readonly verb: string;
   readonly knobs: Knobs;
   readonly leasesPath: string;
+  /** stdout, stderr, stdin, signals and the caller's identity (sim/io.ts). */
+  readonly io: Io;
   stdinBytes = 0;
   private readonly onFinish: (exit: number) => void;
 
@@ -43,6 +48,7 @@ export class Ctx {
     verb: string;
     knobs: Knobs;
     leasesPath: string;
+    io: Io;
     onFinish: (exit: number) => void;
   }) {
     this.root = opts.root;
@@ -51,20 +57,21 @@ export class Ctx {
     this.verb = opts.verb;
     this.knobs = opts.knobs;
     this.leasesPath = opts.leasesPath;
+    this.io = opts.io;
     this.onFinish = opts.onFinish;
   }
 
   out(text: string): void {
-    process.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
+    this.io.stdout.write(text.endsWith('\n') ? text : `${text}\n`);
   }
 
   /** Pretty JSON (inspect, list, clone/run output). */
   json(value: unknown): void {
-    process.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
+    this.io.stdout.write(`${JSON.stringify(value, null, 2)}\n`);
   }
 
   err(text: string): void {
-    process.stderr.write(text.endsWith('\n') ? text : `${text}\n`);
+    this.io.stderr.write(text.endsWith('\n') ? text : `${text}\n`);
   }
 
   /** Records the invocation in calls.jsonl now (long-running verbs that exit on a signal). */
@@ -74,7 +81,8 @@ export class Ctx {
 
   async latency(): Promise<void> {
     const ms = latencyMs(this.knobs, this.verb);
-    if (ms > 0) await sleep(ms);
+    if (ms > 0) await this.io.sleep(ms);
+    else await checkpoint(this.io);
   }
 
   /**
@@ -84,6 +92,7 @@ export class Ctx {
    * VM or snapshot references).
    */
   async faults(phase: FaultPhase, p: Parsed, names?: string[]): Promise<void> {
+    await checkpoint(this.io);
     const faults = this.knobs.faults ?? [];
     if (faults.length === 0) return;
     const argvText = this.argv.join(' ');
@@ -97,8 +106,8 @@ export class Ctx {
       }
       if (f.probability !== undefined && Math.random() >= f.probability) continue;
       if (f.times !== undefined && !consumeTimes(this.root, ruleKey('fault', i, f), f.times)) continue;
-      if (f.delayMs) await sleep(f.delayMs);
-      if (f.hang) await hangForever();
+      if (f.delayMs) await this.io.sleep(f.delayMs);
+      if (f.hang) await hangForever(this.io);
       const exit = f.exit ?? 1;
       const stderr =
         f.stderr ??

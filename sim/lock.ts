@@ -2,8 +2,9 @@
 //
 // Hand-written on purpose: Node has no flock(2), and the lock libraries on npm are async,
 // mtime-based (stale after N seconds rather than "owner dead") and far heavier than the few
-// syscalls needed here. The simulator runs as hundreds of short-lived processes that may be
-// SIGKILLed at any instruction, so the rules are:
+// syscalls needed here. The simulator runs as hundreds of short-lived processes (or as many
+// requests of one server process plus a few helper processes) that may be SIGKILLed at any
+// instruction, so the rules are:
 //   - a lock is a file created atomically *with its content* (write a private temp file, then
 //     link(2) it to the lock name: EEXIST means someone else holds it);
 //   - the content is "<pid> <starttime>" so a lock whose owner died (or whose pid was reused by
@@ -118,11 +119,21 @@ function breakIfStale(lockPath: string, token: string): void {
   }
 }
 
+// Locks held by the current synchronous call stack. Critical sections are synchronous (`fn`
+// may not return a promise), so in the simulator server, where many requests share one pid,
+// a lock is never held while another request runs: re-entrancy can only be the same request
+// nesting its own locks, and a request never waits for a lock its own process holds.
 const held = new Set<string>();
 
+function isThenable(v: unknown): boolean {
+  return typeof (v as { then?: unknown } | null)?.then === 'function';
+}
+
 /**
- * Runs `fn` while holding the lock file `lockPath`. Re-entrant within one process. Gives up
- * after `timeoutMs` with cocoon's inconclusive "database is locked" error.
+ * Runs `fn` while holding the lock file `lockPath`. Re-entrant within one call stack. Gives up
+ * after `timeoutMs` with cocoon's inconclusive "database is locked" error. `fn` must be
+ * synchronous: holding a lock across an await would let another request of the simulator
+ * server (same pid, so the same owner token) wait for it with a blocking sleep, forever.
  */
 export function withLock<T>(lockPath: string, fn: () => T, timeoutMs = 60_000): T {
   if (held.has(lockPath)) return fn();
@@ -132,13 +143,22 @@ export function withLock<T>(lockPath: string, fn: () => T, timeoutMs = 60_000): 
   // Cheap existence probe first: under heavy contention most attempts would fail anyway.
   while (fs.existsSync(lockPath) || !tryLink(lockPath, token)) {
     attempt += 1;
-    if (attempt % 8 === 0) breakIfStale(lockPath, token);
+    if (attempt === 1 || attempt % 8 === 0) {
+      // Held by this very process but not by this call stack: only a lock leaked across an
+      // await could do that. Fail loudly instead of sleeping until the deadline.
+      if (readOrEmpty(lockPath) === token) {
+        throw new Error(`${path.basename(lockPath)} is held by this process outside the current call`);
+      }
+      if (attempt > 1) breakIfStale(lockPath, token);
+    }
     if (Date.now() > deadline) throw new CliError(`acquire ${path.basename(lockPath)}: database is locked`);
     sleepSync(1 + Math.floor(Math.random() * Math.min(16, 1 + attempt)));
   }
   held.add(lockPath);
   try {
-    return fn();
+    const result = fn();
+    if (isThenable(result)) throw new Error(`withLock(${path.basename(lockPath)}): fn returned a promise`);
+    return result;
   } finally {
     held.delete(lockPath);
     // Only remove the lock if it is still ours (it cannot have been broken while we live).

@@ -1,9 +1,11 @@
-// The simulator's dispatcher (loaded by main.ts): argv → verb module (imported on demand),
-// knobs, latency and faults, `Error:` printing, exit status and the calls.jsonl record.
+// The simulator's dispatcher (loaded by main.ts and server.ts): argv → verb module (imported
+// on demand), knobs, latency and faults, `Error:` printing, exit status and the calls.jsonl
+// record. All process I/O goes through the invocation's Io (sim/io.ts).
 import fs from 'node:fs';
 import { parseArgs, usageText } from './cli.ts';
 import { Ctx, type VerbModule } from './ctx.ts';
 import { CliError, ScriptedExit } from './errors.ts';
+import { type Io, io } from './io.ts';
 import { type Knobs, loadKnobs } from './knobs.ts';
 import { callsFile, leasesFile, resolveRoot, simDir } from './paths.ts';
 
@@ -55,18 +57,17 @@ function groupUsage(group: string): string {
     .join('\n')}\n`;
 }
 
-async function flushStdout(): Promise<void> {
-  if (process.stdout.writableLength > 0) {
-    await new Promise<void>((resolve) => process.stdout.once('drain', () => resolve()));
-  }
-}
-
-export async function main(): Promise<void> {
+/**
+ * Runs one `cocoon` invocation (`argv`: the words after the binary name) against `cur` and
+ * resolves with its exit status, after the calls.jsonl record. Never rejects: errors become
+ * `Error: ...` on stderr. The caller ends the invocation (io.exit). An aborted server request
+ * never resolves (see sim/io.ts).
+ */
+export async function invoke(cur: Io, argv: string[]): Promise<number> {
   const startedMs = Date.now();
   const startedAt = new Date(startedMs).toISOString();
-  const env = process.env;
+  const env = cur.env;
   const helper = env.COCOON_SIM_ARGV0 === 'cocoon-sim';
-  const argv = process.argv.slice(2);
   const root = resolveRoot(env);
   const group = argv[0];
   const internal = group === '__sim' || (helper && HELPER_GROUPS.includes(group ?? ''));
@@ -88,7 +89,7 @@ export async function main(): Promise<void> {
       }
     }
   };
-  process.stdout.on('error', () => {}); // a reader that went away (EPIPE) is not our failure
+  cur.stdout.on('error', () => {}); // a reader that went away (EPIPE) is not our failure
   let exit = 0;
   let ctx: Ctx | undefined;
   try {
@@ -96,25 +97,24 @@ export async function main(): Promise<void> {
   } catch (e) {
     if (ctx) stdinBytes = ctx.stdinBytes;
     if (e instanceof ScriptedExit) {
-      if (e.stdout) process.stdout.write(e.stdout);
-      if (e.stderr) process.stderr.write(e.stderr);
+      if (e.stdout) cur.stdout.write(e.stdout);
+      if (e.stderr) cur.stderr.write(e.stderr);
       exit = e.exit;
     } else if (e instanceof CliError) {
-      process.stderr.write(`Error: ${e.message}\n`);
+      cur.stderr.write(`Error: ${e.message}\n`);
       exit = e.exit;
     } else {
-      process.stderr.write(`Error: internal simulator error: ${(e as Error)?.stack ?? String(e)}\n`);
+      cur.stderr.write(`Error: internal simulator error: ${(e as Error)?.stack ?? String(e)}\n`);
       exit = 1;
     }
   }
   if (ctx) stdinBytes = ctx.stdinBytes;
   logCall(exit);
-  await flushStdout();
-  process.exit(exit);
+  return exit;
 
   async function dispatch(): Promise<number> {
     if (group === undefined || group === 'help' || group === '--help' || group === '-h') {
-      process.stdout.write(rootUsage(helper));
+      cur.stdout.write(rootUsage(helper));
       return 0;
     }
     if (group === '__sim') {
@@ -129,7 +129,7 @@ export async function main(): Promise<void> {
     if (!verbs) throw new CliError(`unknown command "${group}" for "cocoon"`);
     const verbName = argv[1];
     if (verbName === undefined || verbName === '--help' || verbName === '-h' || verbName === 'help') {
-      process.stdout.write(groupUsage(group));
+      cur.stdout.write(groupUsage(group));
       return 0;
     }
     const loader = verbs[verbName];
@@ -138,7 +138,7 @@ export async function main(): Promise<void> {
     if (!verb) throw new CliError(`unknown command "${verbName}" for "cocoon ${group}"`);
     const parsed = parseArgs(verb.spec, argv.slice(2));
     if (parsed.help) {
-      process.stdout.write(usageText(verb.spec));
+      cur.stdout.write(usageText(verb.spec));
       return 0;
     }
     const knobs: Knobs = await loadKnobs(root);
@@ -149,6 +149,7 @@ export async function main(): Promise<void> {
       verb: `${group} ${verbName}`,
       knobs,
       leasesPath: leasesFile(root, env),
+      io: cur,
       onFinish: (code) => {
         stdinBytes = ctx?.stdinBytes ?? 0;
         logCall(code);
@@ -158,4 +159,25 @@ export async function main(): Promise<void> {
     await ctx.faults('pre', parsed);
     return (await verb.run(ctx, parsed)) ?? 0;
   }
+}
+
+/** Imports every verb module (the server does this once at start, off the request path). */
+export async function preloadVerbs(): Promise<void> {
+  const loaders = new Set<Loader>(Object.values(GROUPS).flatMap((g) => Object.values(g)));
+  await Promise.all([
+    ...[...loaders].map((l) => l()),
+    import('./verbs/sim.ts'),
+    import('./verbs/helper.ts'),
+    import('./knob-schema.ts'),
+  ]);
+}
+
+/** Process mode: one invocation per process (sim/main.ts). */
+export async function main(): Promise<void> {
+  const cur = io();
+  const exit = await invoke(cur, process.argv.slice(2));
+  if (process.stdout.writableLength > 0) {
+    await new Promise<void>((resolve) => process.stdout.once('drain', () => resolve()));
+  }
+  cur.exit(exit);
 }

@@ -5,20 +5,22 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { findSnapshotIn, readSnapDb, type SnapshotRecord } from './db.ts';
 import { CliError } from './errors.ts';
+import { io } from './io.ts';
 import { withLock } from './lock.ts';
 import { snapDbLock, snapUsersDir } from './paths.ts';
-import { isAlive, selfStart } from './proc.ts';
+import { isAlive } from './proc.ts';
 
 function markerName(kind: string, pid: number, start: number): string {
   return `${kind}.${pid}.${start}`;
 }
 
-/** Resolves a committed snapshot and marks it in use by this process. */
+/** Resolves a committed snapshot and marks it in use by the invoking process. */
 export function acquireSnapshotUse(root: string, ref: string, kind: string): SnapshotRecord {
   return withLock(snapDbLock(root), () => {
     const snap = findSnapshotIn(readSnapDb(root), ref, false);
     if (!snap) throw new CliError(`snapshot not found: ${ref}`);
-    addUse(root, snap.id, kind, process.pid, selfStart());
+    const { pid, start } = io().owner;
+    addUse(root, snap.id, kind, pid, start);
     return snap;
   });
 }
@@ -30,9 +32,8 @@ export function addUse(root: string, snapId: string, kind: string, pid: number, 
 }
 
 export function releaseSnapshotUse(root: string, snapId: string, kind: string): void {
-  fs.rmSync(path.join(snapUsersDir(root, snapId), markerName(kind, process.pid, selfStart())), {
-    force: true,
-  });
+  const { pid, start } = io().owner;
+  fs.rmSync(path.join(snapUsersDir(root, snapId), markerName(kind, pid, start)), { force: true });
 }
 
 /** The kind of a live user of the snapshot (dead users' markers are removed), if any. */

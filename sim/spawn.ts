@@ -4,6 +4,7 @@ import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { io } from './io.ts';
 import { readJson, sleepSync, withLock, writeAtomic } from './lock.ts';
 import { simDir } from './paths.ts';
 import { registerPid, type TrackedProc } from './pids.ts';
@@ -14,11 +15,15 @@ export const REAPER_SCRIPT = path.join(here, 'reaper.sh');
 export const STANDIN_NODE = path.join(here, 'standin.ts');
 export const DHCPD = path.join(here, 'dhcpd.ts');
 
-/** The environment of everything the simulator starts: node children reuse a compile cache. */
+/**
+ * The environment of everything the simulator starts (the invoking `cocoon`'s environment, as
+ * when every call was a process of its own): node children reuse a compile cache.
+ */
 export function childEnv(): NodeJS.ProcessEnv {
+  const env = io().env;
   return {
-    ...process.env,
-    NODE_COMPILE_CACHE: process.env.NODE_COMPILE_CACHE || path.join(os.tmpdir(), 'cocoon-sim-node-cache'),
+    ...env,
+    NODE_COMPILE_CACHE: env.NODE_COMPILE_CACHE || path.join(os.tmpdir(), 'cocoon-sim-node-cache'),
   };
 }
 

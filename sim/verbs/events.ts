@@ -62,7 +62,7 @@ async function status(ctx: Ctx, p: Parsed): Promise<number> {
       format === 'json'
         ? `${JSON.stringify({ event, vm })}\n`
         : `${event}\t${vm.id}\t${vm.config.name}\t${vm.state}\n`;
-    process.stdout.write(line);
+    ctx.io.stdout.write(line);
   };
   const known = new Map<string, { key: string; vm: VmRecord }>();
   const tick = () => {
@@ -86,15 +86,24 @@ async function status(ctx: Ctx, p: Parsed): Promise<number> {
       }
     }
   };
+  const cur = ctx.io;
+  const watchers: fs.FSWatcher[] = [];
+  let timer: NodeJS.Timeout | undefined;
+  let ticker: NodeJS.Timeout | undefined;
+  // A server request must release what it set up when it ends (a process just exits).
+  cur.defer(() => {
+    for (const w of watchers) w.close();
+    clearTimeout(timer);
+    clearInterval(ticker);
+  });
   const stop = () => {
     ctx.finish(0);
-    process.exit(0);
+    cur.exit(0);
   };
-  process.on('SIGTERM', stop);
-  process.on('SIGINT', stop);
-  process.stdout.on('error', stop);
+  cur.onSignal('SIGTERM', stop);
+  cur.onSignal('SIGINT', stop);
+  cur.stdout.on('error', stop);
   tick();
-  let timer: NodeJS.Timeout | undefined;
   const poke = () => {
     if (timer) return;
     timer = setTimeout(() => {
@@ -105,11 +114,13 @@ async function status(ctx: Ctx, p: Parsed): Promise<number> {
   for (const dir of BACKENDS) {
     const dbDir = path.dirname(vmDbFile(ctx.root, dir));
     fs.mkdirSync(dbDir, { recursive: true });
-    fs.watch(dbDir, (_event, file) => {
-      if (!file || file === 'vms.json') poke();
-    });
+    watchers.push(
+      fs.watch(dbDir, (_event, file) => {
+        if (!file || file === 'vms.json') poke();
+      }),
+    );
   }
-  setInterval(tick, seconds * 1000);
+  ticker = setInterval(tick, seconds * 1000);
   await new Promise<never>(() => {});
   return 0;
 }

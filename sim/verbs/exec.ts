@@ -3,7 +3,6 @@
 // (lifecycle.md §6.3, §6.4, §7.2), then the default (exit 0, no output). Every command is
 // recorded in <root>/sim/guest.jsonl. The exit status is the guest's.
 import fs from 'node:fs';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { bool, type CommandSpec, type Parsed, strs } from '../cli.ts';
 import { type Ctx, hangForever, type Verb } from '../ctx.ts';
 import { mustFindVm, reconciledState, type VmRecord } from '../db.ts';
@@ -39,9 +38,9 @@ interface Outcome {
   late?: (g: GuestState | undefined) => string;
 }
 
-async function readStdin(): Promise<Buffer> {
+async function readStdin(ctx: Ctx): Promise<Buffer> {
   const chunks: Buffer[] = [];
-  for await (const chunk of process.stdin) chunks.push(chunk as Buffer);
+  for await (const chunk of ctx.io.stdin) chunks.push(chunk as Buffer);
   return Buffer.concat(chunks);
 }
 
@@ -190,7 +189,7 @@ async function exec(ctx: Ctx, p: Parsed): Promise<number> {
       fail(f.error ?? AGENT_NOT_READY);
     }
   }
-  const stdin = interactive ? await readStdin() : Buffer.alloc(0);
+  const stdin = interactive ? await readStdin(ctx) : Buffer.alloc(0);
   ctx.stdinBytes = stdin.length;
   const argvText = argv.join(' ');
   let outcome: Outcome | undefined;
@@ -212,8 +211,8 @@ async function exec(ctx: Ctx, p: Parsed): Promise<number> {
       });
       throw new CliError(r.error);
     }
-    if (r.delayMs) await sleep(r.delayMs);
-    if (r.hang) await hangForever();
+    if (r.delayMs) await ctx.io.sleep(r.delayMs);
+    if (r.hang) await hangForever(ctx.io);
     const echoed = r.echoStdin ? stdin.toString('utf8') : '';
     outcome = {
       exit: r.exit ?? 0,
@@ -226,8 +225,8 @@ async function exec(ctx: Ctx, p: Parsed): Promise<number> {
   outcome ??= builtin(argv, vm, guest, stdin) ?? { exit: 0, stdout: '', stderr: '', effect: 'none' };
   applyEffect(ctx, vm, outcome.effect, argv);
   const stdout = outcome.stdout + (outcome.late ? outcome.late(readGuest(ctx.root, vm.id)) : '');
-  if (stdout) process.stdout.write(stdout);
-  if (outcome.stderr) process.stderr.write(outcome.stderr);
+  if (stdout) ctx.io.stdout.write(stdout);
+  if (outcome.stderr) ctx.io.stderr.write(outcome.stderr);
   record(ctx, vm, {
     ...base,
     stdinBytes: stdin.length,

@@ -16,6 +16,7 @@ import {
 } from '../db.ts';
 import { CliError } from '../errors.ts';
 import { registerImage } from '../images.ts';
+import { io } from '../io.ts';
 import type { Knobs } from '../knob-schema.ts';
 import { readJson, withLock, writeAtomic } from '../lock.ts';
 import { knobsFile, simDir, snapDataDir } from '../paths.ts';
@@ -53,7 +54,7 @@ async function readDoc(arg: string): Promise<unknown> {
   let text = arg;
   if (arg === '-') {
     const chunks: Buffer[] = [];
-    for await (const c of process.stdin) chunks.push(c as Buffer);
+    for await (const c of io().stdin) chunks.push(c as Buffer);
     text = Buffer.concat(chunks).toString('utf8');
   }
   try {
@@ -69,7 +70,7 @@ async function knobs(root: string, argv: string[]): Promise<number> {
   fs.mkdirSync(simDir(root), { recursive: true });
   if (sub === 'get') {
     parseArgs(spec('knobs get', [], 0, 0), rest);
-    process.stdout.write(`${JSON.stringify(readJson<Knobs>(file, {}), null, 2)}\n`);
+    io().stdout.write(`${JSON.stringify(readJson<Knobs>(file, {}), null, 2)}\n`);
     return 0;
   }
   if (sub === 'set' || sub === 'merge') {
@@ -86,7 +87,7 @@ async function knobs(root: string, argv: string[]): Promise<number> {
       writeAtomic(file, JSON.stringify(merged, null, 2));
       return merged;
     });
-    process.stdout.write(`${JSON.stringify(next, null, 2)}\n`);
+    io().stdout.write(`${JSON.stringify(next, null, 2)}\n`);
     return 0;
   }
   throw new CliError(`unknown knobs command "${sub ?? ''}"\n${USAGE}`);
@@ -104,7 +105,7 @@ async function fixture(root: string, argv: string[]): Promise<number> {
     const p = parseArgs(spec('fixture image', [{ name: 'digest', type: 'string' }], 1, 1), rest);
     const ref = p.args[0] as string;
     const rec = registerImage(root, ref, str(p, 'digest') ?? imageDigestFor(ref));
-    process.stdout.write(`${JSON.stringify(rec)}\n`);
+    io().stdout.write(`${JSON.stringify(rec)}\n`);
     return 0;
   }
   if (sub !== 'snapshot') throw new CliError(`unknown fixture command "${sub ?? ''}"\n${USAGE}`);
@@ -209,7 +210,7 @@ async function fixture(root: string, argv: string[]): Promise<number> {
     db.names[name] = id;
   });
   if (p.flags.get('pulled') === true) registerImage(root, image, digest);
-  process.stdout.write(`${JSON.stringify(rec)}\n`);
+  io().stdout.write(`${JSON.stringify(rec)}\n`);
   return 0;
 }
 
@@ -217,6 +218,6 @@ export async function runHelper(root: string, argv: string[], _env: NodeJS.Proce
   const [group, ...rest] = argv;
   if (group === 'knobs') return knobs(root, rest);
   if (group === 'fixture') return fixture(root, rest);
-  process.stdout.write(USAGE);
+  io().stdout.write(USAGE);
   return 0;
 }

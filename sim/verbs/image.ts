@@ -45,7 +45,7 @@ async function importImage(ctx: Ctx, p: Parsed): Promise<number> {
   if (!/^[a-zA-Z0-9][a-zA-Z0-9._:/@-]{0,254}$/.test(name)) throw new CliError(`invalid image name "${name}"`);
   const hash = crypto.createHash('sha256');
   let size = 0;
-  for await (const chunk of process.stdin) {
+  for await (const chunk of ctx.io.stdin) {
     hash.update(chunk as Buffer);
     size += (chunk as Buffer).length;
   }

@@ -17,6 +17,7 @@ import {
 } from '../db.ts';
 import { CliError } from '../errors.ts';
 import { readGuest } from '../guest.ts';
+import { io, serverInfo } from '../io.ts';
 import { loadKnobs } from '../knobs.ts';
 import { formatExpiry, grantIn, leaseOptions, releaseIn, updateLeases } from '../leases.ts';
 import { BACKENDS, leasesFile, simDir } from '../paths.ts';
@@ -39,6 +40,7 @@ const USAGE = `Usage: cocoon __sim <action> ...
   grant-lease <mac> [--ip <ip>]      write a lease for any MAC
   guest <vm>                         print the simulated guest state
   kill-all                           kill every process the simulator started in this root
+  server                             the serving simulator server ({"server":null} in process mode)
 `;
 
 function spec(pathName: string, flags: CommandSpec['flags'], minArgs: number, maxArgs: number): CommandSpec {
@@ -62,7 +64,7 @@ function holder(root: string, label: string): { pid: number; start: number } {
 }
 
 function print(value: unknown): void {
-  process.stdout.write(`${JSON.stringify(value)}\n`);
+  io().stdout.write(`${JSON.stringify(value)}\n`);
 }
 
 export async function runSimAction(root: string, argv: string[], env: NodeJS.ProcessEnv): Promise<number> {
@@ -74,7 +76,7 @@ export async function runSimAction(root: string, argv: string[], env: NodeJS.Pro
     case undefined:
     case 'help':
     case '--help':
-      process.stdout.write(USAGE);
+      io().stdout.write(USAGE);
       return 0;
     case 'crash': {
       const p = parseArgs(spec('crash', [], 1, 1), rest);
@@ -243,6 +245,11 @@ export async function runSimAction(root: string, argv: string[], env: NodeJS.Pro
       const p = parseArgs(spec('guest', [], 1, 1), rest);
       const { vm } = mustFindVm(root, p.args[0] as string);
       print(readGuest(root, vm.id) ?? null);
+      return 0;
+    }
+    case 'server': {
+      parseArgs(spec('server', [], 0, 0), rest);
+      print({ server: io().server ? (serverInfo.stats?.() ?? null) : null });
       return 0;
     }
     case 'kill-all': {

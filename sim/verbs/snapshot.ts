@@ -21,8 +21,8 @@ import {
   updateSnapDb,
 } from '../db.ts';
 import { CliError } from '../errors.ts';
+import { io } from '../io.ts';
 import { ownerFile, runDir, snapDataDir } from '../paths.ts';
-import { selfStart } from '../proc.ts';
 import { activeUse, addUse, dropUses, releaseSnapshotUse } from '../snapuse.ts';
 import { GiB, ownerAlive, writeOwner } from '../vmops.ts';
 
@@ -43,8 +43,8 @@ function checkSnapshotName(name: string): void {
 export function reservePending(
   root: string,
   record: SnapshotRecord,
-  ownerPid = process.pid,
-  ownerStart = selfStart(),
+  ownerPid = io().owner.pid,
+  ownerStart = io().owner.start,
 ): SnapshotRecord {
   return updateSnapDb(root, (db) => {
     const holder = db.names[record.name];
@@ -269,7 +269,7 @@ async function importSnapshot(ctx: Ctx, p: Parsed): Promise<number> {
     })();
     // Count stdin bytes; sniff gzip from the first two bytes.
     const chunks = (async function* () {
-      for await (const c of process.stdin) {
+      for await (const c of ctx.io.stdin) {
         ctx.stdinBytes += (c as Buffer).length;
         yield c as Buffer;
       }
@@ -332,7 +332,7 @@ async function importSnapshot(ctx: Ctx, p: Parsed): Promise<number> {
       if (finalId !== rec.id) {
         fs.renameSync(data, snapDataDir(ctx.root, finalId));
         fs.rmSync(ownerFile(ctx.root, `snap-${rec.id}`), { force: true });
-        writeOwner(ctx.root, `snap-${finalId}`, process.pid, selfStart());
+        writeOwner(ctx.root, `snap-${finalId}`, ctx.io.owner.pid, ctx.io.owner.start);
       }
     }
     const done2 = commitPending(ctx.root, finalId);
@@ -351,18 +351,18 @@ async function exportSnapshot(ctx: Ctx, p: Parsed): Promise<number> {
   if (out === undefined) throw new CliError('required flag(s) "output" not set');
   const { default: tar } = await import('tar-stream');
   const snap = mustFindSnapshot(ctx.root, p.args[0] as string);
-  addUse(ctx.root, snap.id, 'export', process.pid, selfStart());
+  addUse(ctx.root, snap.id, 'export', ctx.io.owner.pid, ctx.io.owner.start);
   try {
     const data = snapDataDir(ctx.root, snap.id);
     const pack = tar.pack();
-    // process.stdout never finishes (it cannot be ended), so wait for the pack to end instead.
+    // stdout is never ended by a verb (run.ts flushes it), so wait for the pack to end instead.
     const piping =
       out === '-'
         ? new Promise<void>((resolve, reject) => {
             pack.on('end', resolve).on('error', reject);
-            (pack as unknown as Readable).pipe(process.stdout, { end: false });
+            (pack as unknown as Readable).pipe(ctx.io.stdout, { end: false });
           })
-        : pipeline(pack, fs.createWriteStream(out));
+        : pipeline(pack, fs.createWriteStream(path.resolve(ctx.io.cwd, out)));
     const envelope = {
       version: 1,
       config: {

@@ -158,7 +158,7 @@ async function logs(ctx: Ctx, p: Parsed): Promise<number> {
     if (lines[lines.length - 1] === '') lines.pop();
     text = tail === 0 ? '' : `${lines.slice(-tail).join('\n')}${lines.length > 0 ? '\n' : ''}`;
   }
-  process.stdout.write(text);
+  ctx.io.stdout.write(text);
   return 0;
 }
 

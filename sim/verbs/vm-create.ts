@@ -25,7 +25,6 @@ import { CliError, ScriptedExit } from '../errors.ts';
 import { registerImage } from '../images.ts';
 import { readJson } from '../lock.ts';
 import { BACKENDS, type BackendDir, backendDir, hypervisorOf, runDir, snapDataDir } from '../paths.ts';
-import { selfStart } from '../proc.ts';
 import { acquireSnapshotUse, releaseSnapshotUse } from '../snapuse.ts';
 import {
   buildNics,
@@ -145,7 +144,7 @@ function reserve(ctx: Ctx, dir: BackendDir, name: string, config: VmConfig): VmR
       db.vms[id] = vm;
       db.names[name] = id;
     });
-    writeOwner(root, id, process.pid, selfStart());
+    writeOwner(root, id, ctx.io.owner.pid, ctx.io.owner.start);
     return vm;
   });
 }

@@ -10,4 +10,5 @@ describe('cocoon simulator', { concurrency: 2 }, async () => {
   await import('./guest-dhcp.test.ts');
   await import('./concurrency.test.ts');
   await import('./faults-snapshots.test.ts');
+  await import('./server.test.ts');
 });

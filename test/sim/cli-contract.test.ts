@@ -2,7 +2,14 @@
 // codes, reference resolution and the invocation log (cocoon-cli.md §1–§5, §8.1, §8.8).
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { imageDigest, newSimRoot, type SimRoot, type VmRecord } from '../../sim/client.ts';
+import {
+  CLIENT_BIN,
+  imageDigest,
+  newSimRoot,
+  SIM_BIN,
+  type SimRoot,
+  type VmRecord,
+} from '../../sim/client.ts';
 
 const IMAGE = 'ghcr.io/acme/agent:1.0';
 const ID_RE = /^[A-Z2-7]{26}$/;
@@ -85,14 +92,15 @@ describe('cocoon simulator CLI contract', { concurrency: 1 }, () => {
     }
   });
 
-  test('the installed cocoon symlink (bash shim) is the same CLI; only cocoon-sim has helper verbs', async () => {
-    const { mkdtempSync, realpathSync, rmSync } = await import('node:fs');
+  test('the installed cocoon symlink (thin client or bash shim) is the same CLI; only cocoon-sim has helper verbs', async () => {
+    const { existsSync, mkdtempSync, realpathSync, rmSync } = await import('node:fs');
     const { tmpdir } = await import('node:os');
     const dir = mkdtempSync(`${tmpdir()}/cocoon-bin-`);
     try {
       const bin = await sim.installBin(dir);
       assert.equal(bin, `${dir}/cocoon`);
-      assert.equal(realpathSync(bin), realpathSync(`${import.meta.dirname}/../../bin/cocoon-sim`));
+      const target = existsSync(CLIENT_BIN) ? CLIENT_BIN : SIM_BIN;
+      assert.equal(realpathSync(bin), realpathSync(target));
       const viaShim = await sim.run(['vm', 'inspect', vm.id], { viaShim: true });
       assert.equal(viaShim.code, 0, viaShim.stderr);
       assert.equal((JSON.parse(viaShim.stdout) as VmRecord).id, vm.id);

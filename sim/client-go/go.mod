@@ -1,0 +1,3 @@
+module vk-cocoon/sim/client-go
+
+go 1.22
