@@ -71,6 +71,8 @@ async function main(argv: string[]): Promise<number> {
   const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst, {
     eventQps: config.kubeEventQps,
     eventBurst: config.kubeEventBurst,
+    heartbeatQps: config.kubeHeartbeatQps,
+    heartbeatBurst: config.kubeHeartbeatBurst,
   });
   const host = probeHost(config.cocoonRootDir);
   const nodeIP = config.nodeIP ?? host.firstIPv4 ?? '127.0.0.1';
@@ -114,6 +116,8 @@ async function main(argv: string[]): Promise<number> {
   // construction: statuses published during startup are queued and written once the pod
   // controller has listed the pods.
   const status = new PodStatusWriter({ kube, log });
+  // Watched while anything waits for a lease (src/net/leases.ts); closed at shutdown.
+  const leases = new LeaseFile(config.leasesPath, { log });
   const provider = new CocoonProvider({
     status,
     puller,
@@ -122,7 +126,7 @@ async function main(argv: string[]): Promise<number> {
     cli,
     events,
     metrics: lifecycleMetrics(metrics),
-    leases: new LeaseFile(config.leasesPath),
+    leases,
     log,
     nodeIP,
     lifetime: lifetime.signal,
@@ -201,6 +205,7 @@ async function main(argv: string[]): Promise<number> {
   });
   agent.stop();
   provider.stopLoops();
+  leases.close();
   events.stop();
   const closing = Promise.allSettled([controller.stop(), server.close(), metricsServer?.close()]);
   lifetime.abort();

@@ -5,6 +5,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.ts';
+import { type Rank, RankedList, rankNow } from '../util/priority.ts';
 import {
   type CocoonErrorClass,
   classifyCocoonError,
@@ -36,7 +37,8 @@ export interface CliCallOptions {
   signal?: AbortSignal;
   stdin?: Buffer | Readable;
   /** `high` calls get a free slot before waiting `normal` ones (default `normal`): calls of
-   * pods further along (inspect of a cloned VM, fixup exec) over new clones. */
+   * pods further along (inspect of a cloned VM, fixup exec) over new clones. Within a level
+   * the pod's admission sequence (src/util/priority.ts, from the async context) orders them. */
   priority?: CliPriority;
 }
 
@@ -66,51 +68,60 @@ export function killGroup(child: ChildProcess): void {
 
 export type CliPriority = 'high' | 'normal';
 
+interface SlotWaiter {
+  readonly rank: Rank;
+  readonly grant: () => void;
+}
+
 /** Bounds concurrent cocoon invocations: a burst of pods must not fork hundreds of
  * cocoon processes at once on a host that also runs the VMs. Streaming children (exec,
  * logs, events) are not counted: they live as long as their clients. Waiters leave the
- * queue the moment their signal fires (deadline, abort, shutdown); `high` waiters are
- * served before `normal` ones, FIFO within a priority. */
+ * queue the moment their signal fires (deadline, abort, shutdown). Waiters are served by
+ * rank (src/util/priority.ts): `high` first, then calls without a priority context, then by
+ * the pod's admission sequence (oldest pod first), FIFO among equals; so under a burst the
+ * pods further along finish before new clones start. */
 export class Semaphore {
   #free: number;
-  readonly #high: (() => void)[] = [];
-  readonly #normal: (() => void)[] = [];
+  readonly #waiters = new RankedList<SlotWaiter>();
   constructor(n: number) {
     this.#free = n;
   }
 
   /** Calls waiting for a slot. */
   get waiting(): number {
-    return this.#high.length + this.#normal.length;
+    return this.#waiters.length;
   }
 
   /** Resolves with the release function once a slot is free; rejects with the signal's
-   * reason if it fires first (the waiter is removed at once). */
+   * reason if it fires first (the waiter is removed at once). The rank is taken from
+   * `priority` and the caller's async context (currentPriority) at the call. */
   async acquire(signal?: AbortSignal, priority: CliPriority = 'normal'): Promise<() => void> {
     if (signal?.aborted) throw signal.reason;
     if (this.#free > 0) this.#free--;
     else {
-      const queue = priority === 'high' ? this.#high : this.#normal;
+      const rank = rankNow(priority === 'high');
       await new Promise<void>((resolve, reject) => {
-        const grant = () => {
-          signal?.removeEventListener('abort', onAbort);
-          resolve();
+        const waiter: SlotWaiter = {
+          rank,
+          grant: () => {
+            signal?.removeEventListener('abort', onAbort);
+            resolve();
+          },
         };
         const onAbort = () => {
-          const i = queue.indexOf(grant);
-          if (i >= 0) queue.splice(i, 1);
+          this.#waiters.remove(waiter);
           reject(signal?.reason);
         };
         signal?.addEventListener('abort', onAbort, { once: true });
-        queue.push(grant);
+        this.#waiters.insert(waiter);
       });
     }
     let released = false;
     return () => {
       if (released) return;
       released = true;
-      const next = this.#high.shift() ?? this.#normal.shift();
-      if (next) next();
+      const next = this.#waiters.shift();
+      if (next) next.grant();
       else this.#free++;
     };
   }

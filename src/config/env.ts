@@ -47,11 +47,15 @@ export interface Config {
   readyDeadlineSeconds: number;
   reconcileIntervalSeconds: number;
   streamIdleTimeoutSeconds: number;
+  /** Pod write budget: lifecycle annotations, pods/status, deletes (VK_KUBE_QPS / VK_KUBE_BURST). */
   kubeQps: number;
   kubeBurst: number;
   /** Event write budget, separate from kubeQps/kubeBurst (events never delay pod writes). */
   kubeEventQps: number;
   kubeEventBurst: number;
+  /** Node heartbeat budget (Lease, node status), separate from both (never starved by pods). */
+  kubeHeartbeatQps: number;
+  kubeHeartbeatBurst: number;
   snapshotTransferConcurrency: number;
   snapshotMemoryBudgetMiB: number;
   snapshotPullBudgetMiB: number;
@@ -184,16 +188,37 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   { name: 'VK_STREAM_IDLE_TIMEOUT_SECONDS', default: '14400', meaning: 'exec/log stream idle timeout' },
   {
     name: 'VK_KUBE_QPS',
-    default: '20',
-    meaning: 'client-side rate limit of pod writes: lifecycle, status, deletes (requests/s)',
+    default: '50',
+    meaning:
+      "client-side rate limit of pod writes: lifecycle, status, deletes (requests/s; kubelet's kubeAPIQPS)",
   },
-  { name: 'VK_KUBE_BURST', default: '40', meaning: 'client-side pod write burst' },
+  {
+    name: 'VK_KUBE_BURST',
+    default: '100',
+    meaning: 'client-side pod write burst (>= VK_KUBE_QPS; unset: twice VK_KUBE_QPS)',
+  },
   {
     name: 'VK_KUBE_EVENT_QPS',
-    default: '10',
+    default: '25',
     meaning: 'client-side rate limit of event writes (requests/s), a budget apart from VK_KUBE_QPS',
   },
-  { name: 'VK_KUBE_EVENT_BURST', default: '20', meaning: 'client-side event write burst' },
+  {
+    name: 'VK_KUBE_EVENT_BURST',
+    default: '50',
+    meaning: 'client-side event write burst (>= VK_KUBE_EVENT_QPS; unset: twice VK_KUBE_EVENT_QPS)',
+  },
+  {
+    name: 'VK_KUBE_HEARTBEAT_QPS',
+    default: '5',
+    meaning:
+      'client-side rate limit of node heartbeats: Lease, node status (requests/s), a budget of its own',
+  },
+  {
+    name: 'VK_KUBE_HEARTBEAT_BURST',
+    default: '10',
+    meaning:
+      'client-side heartbeat write burst (>= VK_KUBE_HEARTBEAT_QPS; unset: twice VK_KUBE_HEARTBEAT_QPS)',
+  },
   { name: 'SNAPSHOT_TRANSFER_CONCURRENCY', default: '8', meaning: 'parallel registry blob transfers' },
   { name: 'SNAPSHOT_MEMORY_BUDGET_MIB', default: '9216', meaning: 'push buffering cap' },
   { name: 'SNAPSHOT_PULL_BUDGET_MIB', default: '2048', meaning: 'pull buffering cap' },
@@ -328,16 +353,17 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     );
   }
   const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
-  const kubeQps = int('VK_KUBE_QPS', 20, 1, 10_000);
-  const kubeBurst = int('VK_KUBE_BURST', 40, 1, 10_000);
-  if (kubeBurst < kubeQps)
-    problems.push(`VK_KUBE_BURST=${kubeBurst}: expected at least VK_KUBE_QPS (${kubeQps})`);
-  const kubeEventQps = int('VK_KUBE_EVENT_QPS', 10, 1, 10_000);
-  const kubeEventBurst = int('VK_KUBE_EVENT_BURST', 20, 1, 10_000);
-  if (kubeEventBurst < kubeEventQps)
-    problems.push(
-      `VK_KUBE_EVENT_BURST=${kubeEventBurst}: expected at least VK_KUBE_EVENT_QPS (${kubeEventQps})`,
-    );
+  // Client-side write budgets (docs/decisions.md "Client rate limits"): an unset burst is
+  // twice the rate (kubelet's 50/100); a burst below its rate is refused.
+  const budget = (prefix: string, defQps: number): [number, number] => {
+    const qps = int(`${prefix}_QPS`, defQps, 1, 10_000);
+    const burst = int(`${prefix}_BURST`, Math.min(10_000, 2 * qps), 1, 10_000);
+    if (burst < qps) problems.push(`${prefix}_BURST=${burst}: expected at least ${prefix}_QPS (${qps})`);
+    return [qps, burst];
+  };
+  const [kubeQps, kubeBurst] = budget('VK_KUBE', 50);
+  const [kubeEventQps, kubeEventBurst] = budget('VK_KUBE_EVENT', 25);
+  const [kubeHeartbeatQps, kubeHeartbeatBurst] = budget('VK_KUBE_HEARTBEAT', 5);
 
   const config: Config = {
     kubeconfig: optional('KUBECONFIG'),
@@ -377,6 +403,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     kubeBurst,
     kubeEventQps,
     kubeEventBurst,
+    kubeHeartbeatQps,
+    kubeHeartbeatBurst,
     snapshotTransferConcurrency: int('SNAPSHOT_TRANSFER_CONCURRENCY', 8, 1, 256),
     snapshotMemoryBudgetMiB: int('SNAPSHOT_MEMORY_BUDGET_MIB', 9216, 64, 1_048_576),
     snapshotPullBudgetMiB: int('SNAPSHOT_PULL_BUDGET_MIB', 2048, 64, 1_048_576),

@@ -20,6 +20,7 @@ import {
   setHeaderOptions,
 } from '@kubernetes/client-node';
 import { delay, withDeadline } from '../util/deadline.ts';
+import { type Rank, RankedList, rankNow } from '../util/priority.ts';
 
 export function loadKubeConfig(kubeconfigPath: string | undefined): KubeConfig {
   const kc = new KubeConfig();
@@ -36,7 +37,9 @@ export interface TakeOptions {
   maxWaitMs?: number;
   /** Aborts the wait (rejects with WriteWaitError, reason `aborted`). */
   signal?: AbortSignal;
-  /** `high` waiters are served before every `normal` waiter (FIFO within a priority). */
+  /** `high` waiters are served before every `normal` waiter. Within a level, waiters are
+   * ordered by the pod's admission sequence from the async context (src/util/priority.ts):
+   * calls without one first, then the oldest pod's; FIFO among equals. */
   priority?: WritePriority;
 }
 
@@ -51,20 +54,20 @@ export class WriteWaitError extends Error {
 }
 
 interface Waiter {
-  high: boolean;
+  readonly rank: Rank;
   resolve: () => void;
   reject: (err: Error) => void;
   cleanup: () => void;
 }
 
 /** Token bucket: `take()` resolves when a token is available. Time is monotonic
- * (performance.now), so a wall-clock step never stretches or shortens a wait. */
+ * (performance.now), so a wall-clock step never stretches or shortens a wait. Waiters are
+ * served by rank (src/util/priority.ts): `high` first, then takers without a priority
+ * context, then by the pod's admission sequence (oldest first), FIFO among equals. */
 export class TokenBucket {
   #tokens: number;
   #last = performance.now();
-  /** High-priority waiters first, then normal ones; FIFO within each. */
-  #waiters: Waiter[] = [];
-  #high = 0;
+  readonly #waiters = new RankedList<Waiter>();
   #timer: NodeJS.Timeout | undefined;
   readonly qps: number;
   readonly burst: number;
@@ -86,17 +89,23 @@ export class TokenBucket {
     return this.#waiters.length;
   }
 
-  /** Estimated wait (ms) of a new taker of this priority behind the current waiters. */
+  /** Estimated wait (ms) of a new taker of this priority (and of the current async
+   * context's admission sequence) behind the current waiters; takers of a better rank that
+   * arrive later can still overtake it. */
   estimateWaitMs(priority: WritePriority = 'normal'): number {
+    return this.#estimate(rankNow(priority === 'high'));
+  }
+
+  #estimate(rank: Rank): number {
     this.#refill();
-    const ahead = priority === 'high' ? this.#high : this.#waiters.length;
+    const ahead = this.#waiters.ahead(rank);
     return (Math.max(0, ahead + 1 - this.#tokens) / this.qps) * 1000;
   }
 
   take(opts: TakeOptions = {}): Promise<void> {
     this.#refill();
-    const high = opts.priority === 'high';
-    const ahead = high ? this.#high : this.#waiters.length;
+    const rank = rankNow(opts.priority === 'high');
+    const ahead = this.#waiters.ahead(rank);
     if (ahead === 0 && this.#tokens >= 1) {
       this.#tokens -= 1;
       return Promise.resolve();
@@ -113,7 +122,7 @@ export class TokenBucket {
     const { maxWaitMs, signal } = opts;
     if (maxWaitMs !== undefined) {
       // Fail fast when the queue ahead already needs longer than the bound.
-      const estimate = this.estimateWaitMs(opts.priority);
+      const estimate = this.#estimate(rank);
       if (estimate > maxWaitMs) {
         return Promise.reject(
           new WriteWaitError(
@@ -137,7 +146,7 @@ export class TokenBucket {
         );
       };
       const waiter: Waiter = {
-        high,
+        rank,
         resolve,
         reject,
         cleanup: () => {
@@ -146,7 +155,7 @@ export class TokenBucket {
         },
       };
       if (maxWaitMs !== undefined && Number.isFinite(maxWaitMs)) {
-        // Backstop: higher-priority takers may overtake a normal waiter after the estimate.
+        // Backstop: takers of a better rank may overtake this waiter after the estimate.
         timer = setTimeout(() => {
           this.#remove(waiter);
           reject(
@@ -158,22 +167,13 @@ export class TokenBucket {
         }, maxWaitMs);
       }
       signal?.addEventListener('abort', onAbort, { once: true });
-      if (high) {
-        this.#waiters.splice(this.#high, 0, waiter);
-        this.#high++;
-      } else {
-        this.#waiters.push(waiter);
-      }
+      this.#waiters.insert(waiter);
       this.#schedule();
     });
   }
 
   #remove(w: Waiter): void {
-    const i = this.#waiters.indexOf(w);
-    if (i < 0) return;
-    this.#waiters.splice(i, 1);
-    if (w.high) this.#high--;
-    w.cleanup();
+    if (this.#waiters.remove(w)) w.cleanup();
   }
 
   #schedule(): void {
@@ -186,7 +186,6 @@ export class TokenBucket {
       while (this.#waiters.length > 0 && this.#tokens >= 1) {
         this.#tokens -= 1;
         const w = this.#waiters.shift() as Waiter;
-        if (w.high) this.#high--;
         w.cleanup();
         w.resolve();
       }
@@ -226,20 +225,32 @@ export interface WriteOptions extends TakeOptions {
 }
 
 /** Bound of a pod write's wait for a token unless the caller passes `maxWaitMs`: far above
- * any queue a node makes (200 clones at once queue ~70 s of writes at 20 QPS), so only a
- * runaway queue hits it, and no write waits without a bound. */
+ * any queue a node makes (200 clones at once queue ~1,460 writes: ~27 s at the default
+ * 50 QPS, ~73 s at the former 20), so only a runaway queue hits it, and no write waits
+ * without a bound. */
 export const DEFAULT_WRITE_MAX_WAIT_MS = 180_000;
-/** Bound of a heartbeat write's wait (its own 5 QPS bucket; the Lease renews every 10 s). */
+/** Bound of a heartbeat write's wait (its own bucket; the Lease renews every 10 s). */
 export const DEFAULT_HEARTBEAT_MAX_WAIT_MS = 10_000;
-/** Kubelet's event recorder budget (eventRecordQPS/eventBurst are 50/100 beside a 50 QPS API
- * budget); here events get half the default pod-write budget. */
-export const DEFAULT_EVENT_QPS = 10;
-export const DEFAULT_EVENT_BURST = 20;
+/** Pod writes (lifecycle annotations, pods/status, deletes): kubelet's kubeAPIQPS /
+ * kubeAPIBurst defaults (VK_KUBE_QPS / VK_KUBE_BURST; docs/decisions.md "Client rate limits"). */
+export const DEFAULT_KUBE_QPS = 50;
+export const DEFAULT_KUBE_BURST = 100;
+/** Event writes: half the pod-write budget (kubelet gives its recorder eventRecordQPS /
+ * eventBurst beside the API budget; VK_KUBE_EVENT_QPS / VK_KUBE_EVENT_BURST). */
+export const DEFAULT_EVENT_QPS = 25;
+export const DEFAULT_EVENT_BURST = 50;
+/** Node heartbeats (Lease every 10 s, node status every 60 s and on change, node re-creates):
+ * a few writes a minute, so 5/s never throttles them (VK_KUBE_HEARTBEAT_QPS / _BURST). */
+export const DEFAULT_HEARTBEAT_QPS = 5;
+export const DEFAULT_HEARTBEAT_BURST = 10;
 
 export interface KubeOptions {
   /** Event write budget, separate from pod writes (VK_KUBE_EVENT_QPS / VK_KUBE_EVENT_BURST). */
   eventQps?: number;
   eventBurst?: number;
+  /** Heartbeat write budget (VK_KUBE_HEARTBEAT_QPS / VK_KUBE_HEARTBEAT_BURST). */
+  heartbeatQps?: number;
+  heartbeatBurst?: number;
 }
 
 export interface RetryWriteOptions extends WriteOptions {
@@ -305,19 +316,23 @@ export class Kube {
   readonly writes: TokenBucket;
   /** Node heartbeat writes (Lease, node status): a burst of pod writes can never starve the
    * heartbeat and turn the node NotReady. */
-  readonly heartbeatWrites = new TokenBucket(5, 10);
+  readonly heartbeatWrites: TokenBucket;
   /** Event writes (EventRecorder), never taken from the pod-write budget. */
   readonly eventWrites: TokenBucket;
   /** Called once per API write (metrics: cocoon_vk_api_writes_total). */
   onWrite: () => void = () => {};
 
-  constructor(kc: KubeConfig, qps: number, burst: number, opts: KubeOptions = {}) {
+  constructor(kc: KubeConfig, qps = DEFAULT_KUBE_QPS, burst = DEFAULT_KUBE_BURST, opts: KubeOptions = {}) {
     this.kc = kc;
     this.core = kc.makeApiClient(CoreV1Api);
     this.coordination = kc.makeApiClient(CoordinationV1Api);
     this.authn = kc.makeApiClient(AuthenticationV1Api);
     this.authz = kc.makeApiClient(AuthorizationV1Api);
     this.writes = new TokenBucket(qps, burst);
+    this.heartbeatWrites = new TokenBucket(
+      opts.heartbeatQps ?? DEFAULT_HEARTBEAT_QPS,
+      opts.heartbeatBurst ?? DEFAULT_HEARTBEAT_BURST,
+    );
     this.eventWrites = new TokenBucket(
       opts.eventQps ?? DEFAULT_EVENT_QPS,
       opts.eventBurst ?? DEFAULT_EVENT_BURST,

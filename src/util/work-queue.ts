@@ -2,6 +2,9 @@
 // handled by at most one worker at a time; events for a busy key coalesce into one re-run;
 // failures are retried with per-key exponential backoff (5 ms doubling to 1000 s) and no
 // give-up. Hand-written because no maintained npm package offers these semantics.
+// A key's handler runs under the priority (src/util/priority.ts) of the context that added
+// it, not of whichever key's completion happened to start it.
+import { currentPriority, runWithPriority } from './priority.ts';
 
 export interface WorkQueueOptions {
   concurrency: number;
@@ -20,6 +23,8 @@ export class WorkQueue {
   readonly #dirty = new Set<string>();
   readonly #failures = new Map<string, number>();
   readonly #timers = new Map<string, NodeJS.Timeout>();
+  /** Priority of the context that added the key (kept when a later add has none). */
+  readonly #priority = new Map<string, number | undefined>();
   #running = 0;
   #stopped = false;
   #idleWaiters: (() => void)[] = [];
@@ -34,6 +39,8 @@ export class WorkQueue {
 
   add(key: string): void {
     if (this.#stopped) return;
+    const priority = currentPriority();
+    if (priority !== undefined || !this.#priority.has(key)) this.#priority.set(key, priority);
     if (this.#processing.has(key)) {
       this.#dirty.add(key);
       return;
@@ -82,7 +89,11 @@ export class WorkQueue {
     }
   }
 
-  async #process(key: string): Promise<void> {
+  #process(key: string): Promise<void> {
+    return runWithPriority(this.#priority.get(key), () => this.#handle(key));
+  }
+
+  async #handle(key: string): Promise<void> {
     try {
       await this.#handler(key);
       this.#failures.delete(key);
@@ -99,6 +110,7 @@ export class WorkQueue {
       this.#processing.delete(key);
       this.#running--;
       if (this.#dirty.delete(key)) this.add(key);
+      if (!this.#queued.has(key) && !this.#timers.has(key)) this.#priority.delete(key);
       this.#pump();
     }
   }
@@ -116,6 +128,7 @@ export class WorkQueue {
     this.#timers.clear();
     this.#fifo.length = 0;
     this.#queued.clear();
+    this.#priority.clear();
     for (const w of this.#idleWaiters.splice(0)) w();
   }
 }

@@ -12,6 +12,7 @@ import type { NodeHealth } from '../../node/ports.ts';
 import type { PodLifecycleHandler } from '../../pods/ports.ts';
 import { KeyedQueue } from '../../util/keyed-queue.ts';
 import { monoNow } from '../../util/mono-clock.ts';
+import { AdmissionOrder } from '../../util/priority.ts';
 import { VmAccess } from './access.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
 import { Loops } from './loops.ts';
@@ -30,10 +31,15 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
   readonly #access: VmAccess;
 
   constructor(deps: CocoonProviderOptions) {
+    // Issue 9: every operation of a pod (and the jobs, timers and calls it starts) runs under
+    // the pod's admission sequence, so the cocoon call pool and the write buckets serve the
+    // pods admitted first before later ones (docs/decisions.md "Priority"); a key's sequence
+    // is dropped once the pod is no longer tracked.
+    const admission = new AdmissionOrder();
     const ctx: ProviderContext = {
       ...deps,
       pods: new Map(),
-      queue: new KeyedQueue(),
+      queue: new KeyedQueue({ around: (key, task) => admission.run(key, task, () => ctx.pods.has(key)) }),
       reconcileSoon: (key) => this.#loops.reconcileSoon(key),
       startProbe: (rec) => this.#loops.startProbe(rec),
       retryCreate: (rec) => startBringUp(ctx, rec),

@@ -5,8 +5,8 @@ import { DEFAULT_EVENT_BURST, DEFAULT_EVENT_QPS } from '../../../src/kube/client
 
 test('events have their own write budget: VK_KUBE_EVENT_QPS / VK_KUBE_EVENT_BURST', () => {
   const c = loadConfig({});
-  assert.equal(c.kubeEventQps, 10);
-  assert.equal(c.kubeEventBurst, 20);
+  assert.equal(c.kubeEventQps, 25);
+  assert.equal(c.kubeEventBurst, 50);
   // The Kube client's defaults are the documented ones.
   assert.equal(DEFAULT_EVENT_QPS, c.kubeEventQps);
   assert.equal(DEFAULT_EVENT_BURST, c.kubeEventBurst);

@@ -207,7 +207,8 @@ export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): 
   });
 }
 
-/** The IP wait after a cloned boot (docs/contracts/lifecycle.md "IP wait"): poll the lease every 200 ms until the
+/** The IP wait after a cloned boot (docs/contracts/lifecycle.md "IP wait"): woken by every
+ * lease-file change (the file's watch, src/net/leases.ts), re-checked every 200 ms until the
  * deadline; Windows gets one `ipconfig /renew` nudge at 30 s. It only observes: the
  * reconcile publishes ready or decides the timeout. */
 export async function runIpWait(
@@ -219,10 +220,11 @@ export async function runIpWait(
 ): Promise<void> {
   const signal = jobSignal(ctx, job);
   const log = logFor(ctx, rec).child({ job: 'ipwait' });
+  using lease = ctx.leases.subscribe(); // one shared read per change; unsubscribed on return
   while (!signal.aborted && monoNow() <= deadline + 50) {
     const vm = rec.vm;
     if (!vm || vm.id !== job.vmId || !isCurrent(ctx, rec)) return; // R9: no decision
-    const snapshot = await ctx.leases.read();
+    const snapshot = await lease.snapshot();
     if (resolveIp(vm, snapshot, Date.now(), rec.ip).ip !== '') return;
     const progress = rec.progress?.vmId === job.vmId ? rec.progress : undefined;
     if (renewNudgeAt !== undefined && progress && !progress.renewNudgeSent && monoNow() >= renewNudgeAt) {
@@ -243,7 +245,7 @@ export async function runIpWait(
       }
       continue; // re-check the lease right after the nudge
     }
-    await pause(IP_POLL_MS, signal);
+    await lease.wait(IP_POLL_MS, signal);
   }
 }
 
