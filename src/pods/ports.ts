@@ -30,10 +30,20 @@ export interface PodLifecycleHandler {
   getPods(): V1Pod[];
 }
 
+/** Options of {@link PodStatusSink.writeNow}. */
+export interface StatusWriteOptions {
+  /** Annotation changes that land in the same patch as the status (`null` removes a key):
+   * one atomic write, so no version of the pod shows one without the other. */
+  annotations?: Readonly<Record<string, string | null>>;
+  /** `high` (default) goes ahead of waiting normal-priority writes. */
+  priority?: 'high' | 'normal';
+}
+
 /** How a provider publishes pod statuses; given to it at construction. */
 export interface PodStatusSink {
   /** A newer status (asynchronous, de-duplicated, retried; kept until the pod is known). */
   notify(pod: V1Pod): void;
-  /** Writes the status now, bounded and retried (ordered publications: status before ready). */
-  writeNow(pod: V1Pod): Promise<void>;
+  /** Writes the status now (with `annotations` in the same UID-fenced patch), bounded and
+   * retried; resolves with the pod's new resourceVersion. 404/409/422 reject at once. */
+  writeNow(pod: V1Pod, opts?: StatusWriteOptions): Promise<string | undefined>;
 }

@@ -16,7 +16,7 @@ import {
 } from '../kube/client.ts';
 import type { Logger } from '../log.ts';
 import { WorkQueue } from '../util/work-queue.ts';
-import type { PodStatusSink } from './ports.ts';
+import type { PodStatusSink, StatusWriteOptions } from './ports.ts';
 import { buildStatusPatch, statusSignature } from './status-patch.ts';
 
 function keyOf(pod: V1Pod): string {
@@ -114,6 +114,7 @@ export class PodStatusWriter implements PodStatusSink {
       throw err;
     }
     this.#written.set(key, { uid, json });
+    this.#log.debug({ pod: key, phase: want.status.phase, podIP: want.status.podIP }, 'status written');
     done();
   }
 
@@ -123,21 +124,43 @@ export class PodStatusWriter implements PodStatusSink {
     await this.#kube.write(this.#request(pod, status), { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts });
   }
 
-  /** Writes a status now (ordered publications: status with podIP before `ready`): the
-   * lifecycle patch's retry policy (3 attempts, 500 ms apart, 5 s each; 404/409/422 are
-   * rethrown at once), ahead of waiting normal-priority writes. */
-  async writeNow(pod: V1Pod): Promise<void> {
+  /** Writes a status now, with `opts.annotations` in the same patch (the apiserver takes
+   * `metadata.annotations` in a pods/status patch, so the `ready` annotation and the status
+   * with podIP and PodReady land in one atomic write): the lifecycle patch's retry policy
+   * (3 attempts, 500 ms apart, 5 s each; 404/409/422 are rethrown at once), by default
+   * ahead of waiting normal-priority writes. A status notified before this write started
+   * is superseded by it and not written any more. Resolves with the new resourceVersion. */
+  async writeNow(pod: V1Pod, opts: StatusWriteOptions = {}): Promise<string | undefined> {
     const status = pod.status;
-    if (!status) return;
-    await this.#kube.writeRetrying(this.#request(pod, status), { priority: 'high' });
-    this.#written.set(keyOf(pod), { uid: pod.metadata?.uid ?? '', json: JSON.stringify(status) });
+    if (!status) return undefined;
+    const key = keyOf(pod);
+    const before = this.#pending.get(key);
+    const res = await this.#kube.writeRetrying(this.#request(pod, status, opts.annotations), {
+      priority: opts.priority ?? 'high',
+    });
+    this.#written.set(key, { uid: pod.metadata?.uid ?? '', json: JSON.stringify(status) });
+    this.#log.debug(
+      {
+        pod: key,
+        phase: status.phase,
+        podIP: status.podIP,
+        annotations: Object.keys(opts.annotations ?? {}),
+      },
+      'status written with annotations',
+    );
+    if (before !== undefined && this.#pending.get(key) === before) this.#pending.delete(key);
+    return res?.metadata?.resourceVersion;
   }
 
-  /** The UID-fenced strategic merge patch of `pods/<name>/status`, cancellable by its signal. */
-  #request(pod: V1Pod, status: V1PodStatus) {
+  /** The UID-fenced strategic merge patch of `pods/<name>/status` (with annotation changes
+   * when given), cancellable by its signal. */
+  #request(pod: V1Pod, status: V1PodStatus, annotations?: Readonly<Record<string, string | null>>) {
     const namespace = pod.metadata?.namespace ?? '';
     const name = pod.metadata?.name ?? '';
     const body = buildStatusPatch(pod.metadata?.uid ?? '', status);
+    if (annotations && Object.keys(annotations).length > 0) {
+      body.metadata = { ...(body.metadata as Record<string, unknown>), annotations: { ...annotations } };
+    }
     return (signal?: AbortSignal) =>
       this.#kube.core.patchNamespacedPodStatus(
         { name, namespace, body },

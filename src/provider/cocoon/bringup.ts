@@ -1,18 +1,9 @@
 // Bring-up of a VM for a pod (docs/contracts/pod-to-vm.md "Bring-up: clone" clone, docs/contracts/pod-to-vm.md "Bring-up: run" run). I/O only; every
 // decision (names, flags, CPU policy, restore mode) comes from the pure modules, and the
 // argv matches the cocoon CLI contract exactly.
-import {
-  ArgvError,
-  cloneArgv,
-  imageInspectArgv,
-  imagePullArgv,
-  inspectArgv,
-  removeArgv,
-  runArgv,
-} from '../../cocoon/argv.ts';
-import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
+import { ArgvError, cloneArgv, imagePullArgv, inspectArgv, removeArgv, runArgv } from '../../cocoon/argv.ts';
+import { parseVmRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
-import { isCloudImageUrl } from '../../contract/vm.ts';
 import { guestProfile } from '../../guest/profiles.ts';
 import { restoreModeFor } from '../../guest/restore-mode.ts';
 import type { Logger } from '../../log.ts';
@@ -59,22 +50,6 @@ export function isTransientCreateError(err: unknown): boolean {
   return true;
 }
 
-/** Imports the snapshot's base image when its digest is not present locally (docs/contracts/pod-to-vm.md "Bring-up: clone" step 5). */
-async function ensureBaseImage(ctx: ProviderContext, snap: SnapshotRecord, log: Logger): Promise<void> {
-  if (snap.image === '' || isCloudImageUrl(snap.image)) return;
-  const ref = snap.imageDigest || snap.image;
-  try {
-    await ctx.cli.run(imageInspectArgv(ref), { timeoutMs: SHORT_TIMEOUT_MS });
-    return;
-  } catch (err) {
-    if (!(err instanceof CocoonCommandError && err.errorClass === 'image_not_found')) throw err;
-  }
-  await imagePulls.do(ref, async () => {
-    log.info({ image: snap.image }, 'pulling the snapshot base image');
-    await ctx.cli.run(imagePullArgv(snap.image), { timeoutMs: PULL_TIMEOUT_MS });
-  });
-}
-
 export async function cloneBringUp(
   ctx: ProviderContext,
   spec: VMSpec,
@@ -96,7 +71,10 @@ export async function cloneBringUp(
       `snapshot ${local} was taken with ${snap.hypervisor} but CocoonSet requests ${spec.backend}`,
     );
   }
-  await ensureBaseImage(ctx, snap, log);
+  // No `image inspect` first: `--pull` (sent whenever the snapshot records a base image)
+  // makes the clone itself fetch a base image missing from the node, and a base image that
+  // cannot be had fails this call with cocoon's own message (docs/decisions.md, "Writes per
+  // bring-up"). Two cocoon calls per clone: `snapshot inspect` and `vm clone`.
   const backend = snap.hypervisor === 'firecracker' ? 'firecracker' : spec.backend;
   const cpu = cpuPolicy(spec.cpuRequestMilli, spec.cpuLimitMilli);
   const argv = cloneArgv({

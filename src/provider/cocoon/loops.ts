@@ -8,7 +8,7 @@ import { ProbeAgent } from './probe-agent.ts';
 import { publish, refreshIp } from './publication.ts';
 import { supersedeJobs } from './readiness/jobs.ts';
 import { reconcile } from './readiness/reconcile.ts';
-import { type PodRecord, setProbeReady } from './state.ts';
+import { type PodRecord, setHeldTimer, setProbeReady } from './state.ts';
 
 export class Loops {
   readonly #ctx: ProviderContext;
@@ -71,7 +71,14 @@ export class Loops {
     for (const p of ctx.probes.values()) p.stop();
     for (const t of ctx.retryTimers.values()) clearTimeout(t);
     ctx.retryTimers.clear();
-    for (const rec of ctx.pods.values()) supersedeJobs(rec, 'provider shutting down');
+    for (const rec of ctx.pods.values()) {
+      supersedeJobs(rec, 'provider shutting down');
+      // Held writes stay unwritten: the next process re-derives them (adoption by name).
+      if (rec.held?.timer) {
+        clearTimeout(rec.held.timer);
+        setHeldTimer(rec, undefined);
+      }
+    }
   }
 
   /** A lease-file change matters at once only to pods still waiting for a decision; IP

@@ -9,6 +9,7 @@ import { Socket } from 'node:net';
 import {
   initialProbeState,
   nextProbeStep,
+  PROBE_READY_INTERVAL_MS,
   PROBE_TIMEOUT_MS,
   type ProbeState,
 } from '../../lifecycle/probe.ts';
@@ -48,6 +49,7 @@ export class ProbeAgent {
   #state: ProbeState = initialProbeState();
   #timer: NodeJS.Timeout | undefined;
   #stopped = false;
+  #probing = false;
 
   constructor(opts: ProbeAgentOptions) {
     this.#o = opts;
@@ -60,6 +62,18 @@ export class ProbeAgent {
   stop(): void {
     this.#stopped = true;
     clearTimeout(this.#timer);
+  }
+
+  /** The provider saw the probe's success condition itself (no probe port: the IP resolved)
+   * and published Ready with it: the cadence continues as after a success, without a
+   * transition of its own. */
+  assumeReady(): void {
+    if (this.#stopped || this.#state.ready) return;
+    this.#state = nextProbeStep(this.#state, 'success').state;
+    if (this.#probing) return; // the probe in flight schedules the next one
+    clearTimeout(this.#timer);
+    this.#timer = setTimeout(() => void this.#probeOnce(), PROBE_READY_INTERVAL_MS);
+    this.#timer.unref();
   }
 
   async #probe(): Promise<boolean> {
@@ -81,10 +95,13 @@ export class ProbeAgent {
     if (this.#stopped) return;
     const started = performance.now();
     let ok = false;
+    this.#probing = true;
     try {
       ok = await this.#probe();
     } catch {
       ok = false;
+    } finally {
+      this.#probing = false;
     }
     this.#o.onDuration((performance.now() - started) / 1000);
     if (this.#stopped) return;

@@ -26,22 +26,156 @@ import { truncateUtf8 } from '../../util/text.ts';
 import { generationOf, isCurrent, logFor, type ProviderContext } from './context.ts';
 import {
   applyAnnotations,
+  dropHeldStatus,
+  holdChanges,
   markGenerationWentDown,
   markWarned,
   type PodRecord,
+  setHeldTimer,
   setIntent,
   setIp,
   setLastStatus,
   setLastWriteRV,
   setStep,
+  setWrittenStatus,
+  takeHeld,
 } from './state.ts';
 
 export type PatchOutcome = 'ok' | 'superseded' | 'failed';
 
+/** How long an intermediate state of a bring-up (the VM id, Running without an IP, the
+ * current step) may stay unwritten, waiting to ride along with the pod's next write
+ * (docs/decisions.md, "Writes per bring-up"). */
+export const PUBLISH_GRACE_MS = 1500;
+
+export interface WriteOptions {
+  /** Write the status too (computed now, with `lifecycle` as the staged state). */
+  status?: boolean;
+  lifecycle?: LifecycleState;
+  /** `high` for the write that completes a bring-up (`ready`). */
+  priority?: 'high' | 'normal';
+}
+
+/** The one write path of the provider-owned state of a pod: `changes` plus whatever is
+ * held, in ONE write. With a status (asked for, or held) it is a UID-fenced strategic merge
+ * patch of `pods/<name>/status` carrying `metadata.annotations` too; otherwise a UID-fenced
+ * JSON merge patch of the annotations. Either way 3 attempts, 500 ms apart, 5 s each;
+ * 404/409/422 mean another incarnation owns the name now (R2): superseded. A failed write
+ * holds its held part again for the next write or the grace timer. */
+export async function writePod(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  changes: Record<string, string | null>,
+  opts: WriteOptions = {},
+): Promise<PatchOutcome> {
+  const held = takeHeld(rec);
+  const annotations = { ...(held?.annotations ?? {}), ...changes };
+  const withStatus =
+    (opts.status === true || held?.status === true) && isCurrent(ctx, rec) && !rec.termination;
+  let outcome: PatchOutcome = 'ok';
+  if (withStatus) outcome = await writeWithStatus(ctx, rec, annotations, opts);
+  else if (Object.keys(annotations).length > 0) outcome = await annotationPatch(ctx, rec, annotations);
+  if (outcome === 'failed' && held && isCurrent(ctx, rec)) {
+    // Not written: held again; changes held meanwhile are newer and win.
+    const newer = takeHeld(rec);
+    hold(ctx, rec, {
+      annotations: { ...held.annotations, ...(newer?.annotations ?? {}) },
+      status: held.status || newer?.status === true,
+    });
+  }
+  return outcome;
+}
+
+/** A UID-fenced annotation patch (see {@link writePod}); carries whatever is held. */
+export function patchAnnotations(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  annotations: Record<string, string | null>,
+): Promise<PatchOutcome> {
+  return writePod(ctx, rec, annotations);
+}
+
+async function writeWithStatus(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  annotations: Record<string, string | null>,
+  opts: WriteOptions,
+): Promise<PatchOutcome> {
+  const status = statusOf(ctx, rec, opts.lifecycle);
+  const json = JSON.stringify(status);
+  const hasAnnotations = Object.keys(annotations).length > 0;
+  if (!hasAnnotations && json === rec.writtenStatus) return 'ok';
+  try {
+    const rv = await ctx.status.writeNow(
+      { ...rec.pod, status },
+      { annotations: hasAnnotations ? annotations : undefined, priority: opts.priority ?? 'normal' },
+    );
+    setLastStatus(rec, status as never);
+    setWrittenStatus(rec, json);
+    if (rv !== undefined) setLastWriteRV(rec, rv);
+    return 'ok';
+  } catch (err) {
+    const code = apiStatus(err);
+    if (code === 404 || code === 409 || code === 422) return 'superseded';
+    logFor(ctx, rec).warn(
+      { err: apiErrorMessage(err), keys: Object.keys(annotations) },
+      'status write failed; will retry',
+    );
+    return 'failed';
+  }
+}
+
+/** Holds changes of a bring-up for the pod's next write; if none comes within
+ * {@link PUBLISH_GRACE_MS} of the first held change, the timer writes them (one write). */
+export function hold(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  changes: { annotations?: Record<string, string | null>; status?: boolean },
+): void {
+  if (changes.annotations) applyAnnotations(rec, changes.annotations);
+  const held = holdChanges(rec, changes, monoNow());
+  if (held.timer) return;
+  const timer = setTimeout(
+    () => {
+      if (ctx.lifetime.aborted) return;
+      void ctx.queue
+        .run(rec.key, () => flushHeld(ctx, rec, true))
+        .catch((err: unknown) => logFor(ctx, rec).warn({ err: String(err) }, 'held write failed'));
+    },
+    Math.max(0, held.since + PUBLISH_GRACE_MS - monoNow()),
+  );
+  timer.unref();
+  setHeldTimer(rec, timer);
+}
+
+/** Writes what is held (inside the pod's queue). With `dueOnly`, only once the grace of the
+ * held write has passed (a timer of an earlier window may fire late). */
+export async function flushHeld(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  dueOnly = false,
+): Promise<PatchOutcome> {
+  const held = rec.held;
+  if (!held) return 'ok';
+  if (!isCurrent(ctx, rec)) {
+    takeHeld(rec);
+    return 'superseded';
+  }
+  if (dueOnly && monoNow() < held.since + PUBLISH_GRACE_MS - 50) return 'ok';
+  return await writePod(ctx, rec, {});
+}
+
+/** Intermediate states are held while the pod is being brought up (managed, `creating`,
+ * not in a create backoff): the next state usually follows within moments. */
+export function holding(ctx: ProviderContext, rec: PodRecord): boolean {
+  if (!isCurrent(ctx, rec) || rec.termination || !rec.spec?.managed || rec.createFailure) return false;
+  const state = rec.intent?.state ?? '';
+  return state === '' || state === 'creating';
+}
+
 /** A UID-fenced JSON merge patch of provider-owned annotations: 3 attempts, 500 ms apart,
- * 5 s each, every attempt cancelled at its bound (Kube.writeRetrying). 404/409/422 mean
- * another incarnation owns the name now (R2): superseded. */
-export async function patchAnnotations(
+ * 5 s each, every attempt cancelled at its bound (Kube.writeRetrying). */
+async function annotationPatch(
   ctx: ProviderContext,
   rec: PodRecord,
   annotations: Record<string, string | null>,
@@ -54,6 +188,7 @@ export async function patchAnnotations(
       ctx.kube.core.patchNamespacedPod({ namespace, name, body }, withSignal(signal, mergePatch)),
     );
     setLastWriteRV(rec, res.metadata?.resourceVersion);
+    logFor(ctx, rec).debug({ annotations: Object.keys(annotations) }, 'annotations written');
     return 'ok';
   } catch (err) {
     const code = apiStatus(err);
@@ -140,11 +275,19 @@ function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: Lifecyc
   };
 }
 
-/** Publishes the current status through the framework's status writer (async, deduped). */
+/** Publishes the current status: during a bring-up it is held for the next write (at most
+ * {@link PUBLISH_GRACE_MS}); otherwise through the framework's status writer (async,
+ * deduped). */
 export function publish(ctx: ProviderContext, rec: PodRecord): void {
   if (!isCurrent(ctx, rec) && !rec.termination) return;
   const status = statusOf(ctx, rec);
   setLastStatus(rec, status as never);
+  if (holding(ctx, rec)) {
+    if (rec.held?.status || JSON.stringify(status) !== rec.writtenStatus) hold(ctx, rec, { status: true });
+    return;
+  }
+  // The status goes out now; held annotations (if any) keep waiting for their timer.
+  dropHeldStatus(rec);
   ctx.status.notify({ ...rec.pod, status });
 }
 
@@ -182,14 +325,16 @@ export function stageLifecycle(
   return true;
 }
 
-/** Flushes an unflushed intent. A `ready` intent goes through R8: status first, and the
- * annotation only after the status write succeeded. */
+/** Flushes an unflushed intent (R8): the triple, the runtime annotations and the pod status
+ * computed with this intent go out in ONE write (a pods/status patch carrying the
+ * annotations), so no version of the pod is `ready` without its podIP, or Ready without
+ * `ready`. */
 export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise<PatchOutcome> {
   const intent = rec.intent;
   if (!intent || !isUnflushed(intent)) return 'ok';
   if (intent.state === 'ready' && rec.clonedBoot && rec.vm) {
-    // A re-flush after a failed status write: the lease may have gone meanwhile. Never
-    // publish ready without an IP: step back to creating (the reconcile waits again).
+    // A re-flush after a failed write: the lease may have gone meanwhile. Never publish
+    // ready without an IP: step back to creating (the reconcile waits again).
     await refreshIp(ctx, rec);
     if (!rec.ip) {
       logFor(ctx, rec).warn('the IP went away before ready was published; waiting for a lease again');
@@ -197,25 +342,18 @@ export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise
       return 'failed';
     }
   }
-  if (intent.state === 'ready') {
-    try {
-      const status = statusOf(ctx, rec, 'ready');
-      await ctx.status.writeNow({ ...rec.pod, status });
-      setLastStatus(rec, status as never);
-    } catch (err) {
-      const code = apiStatus(err);
-      if (code === 404 || code === 409 || code === 422) return 'superseded';
-      logFor(ctx, rec).warn({ err: apiErrorMessage(err) }, 'status write before ready failed; will retry');
-      return 'failed';
-    }
-  }
   const patch = buildLifecyclePatch(rec.uid, intent);
-  // The runtime annotations ride along: if the bind patch was lost (API outage), the id
-  // and ip still reach the apiserver with the decision.
+  // The runtime annotations ride along: if the id was held or its write was lost (API
+  // outage), the id and ip still reach the apiserver with the decision.
   const extra: Record<string, string | null> = {};
   if (rec.vm && rec.spec?.managed) extra[VM_ID] = rec.vm.id;
   if (intent.state === 'ready') extra[VM_IP] = rec.ip || null;
-  const outcome = await patchAnnotations(ctx, rec, { ...patch.metadata.annotations, ...extra });
+  const outcome = await writePod(
+    ctx,
+    rec,
+    { ...patch.metadata.annotations, ...extra },
+    { status: true, lifecycle: intent.state, priority: intent.state === 'ready' ? 'high' : 'normal' },
+  );
   if (outcome === 'ok' && rec.intent === intent) setIntent(rec, markFlushed(intent, comparisonKey(intent)));
   if (outcome === 'superseded') {
     logFor(ctx, rec).info('lifecycle write superseded by another incarnation; dropping intent');

@@ -67,6 +67,18 @@ export interface CreateFailure {
   readonly message: string;
 }
 
+/** Intermediate state of a bring-up not written yet (docs/decisions.md, "Writes per
+ * bring-up"): the next write of the pod carries it, or the grace timer writes it. */
+export interface HeldWrite {
+  /** Provider-owned annotation changes (already on the tracked copy; `null` removes). */
+  readonly annotations: Readonly<Record<string, string | null>>;
+  /** A status change waits too. */
+  readonly status: boolean;
+  /** Monotonic ms of the first held change: the grace counts from here. */
+  readonly since: number;
+  readonly timer: NodeJS.Timeout | undefined;
+}
+
 export interface PodRecord {
   readonly key: string;
   readonly uid: string;
@@ -106,6 +118,10 @@ export interface PodRecord {
   readonly createFailure: CreateFailure | undefined;
   /** The pod's generation went below the published one (logged once). */
   readonly generationWentDown: boolean;
+  /** Changes held back for the next write (bring-up coalescing). */
+  readonly held: HeldWrite | undefined;
+  /** JSON of the last status the provider wrote itself (merged writes), for de-duplication. */
+  readonly writtenStatus: string | undefined;
 }
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
@@ -137,6 +153,8 @@ export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): Po
     bringingUp: false,
     createFailure: undefined,
     generationWentDown: false,
+    held: undefined,
+    writtenStatus: undefined,
   };
 }
 
@@ -222,6 +240,48 @@ export function setLastWriteRV(rec: PodRecord, rv: string | undefined): void {
 
 export function setLastStatus(rec: PodRecord, status: PodStatus): void {
   m(rec).lastStatus = status;
+}
+
+export function setWrittenStatus(rec: PodRecord, json: string | undefined): void {
+  m(rec).writtenStatus = json;
+}
+
+// ---- held writes ----------------------------------------------------------------------
+
+/** Adds changes to the held write (later changes of a key win); returns it. The caller
+ * arms the timer ({@link setHeldTimer}) when there is none. */
+export function holdChanges(
+  rec: PodRecord,
+  changes: { annotations?: Readonly<Record<string, string | null>>; status?: boolean },
+  now: number,
+): HeldWrite {
+  const held: HeldWrite = {
+    annotations: { ...(rec.held?.annotations ?? {}), ...(changes.annotations ?? {}) },
+    status: (rec.held?.status ?? false) || (changes.status ?? false),
+    since: rec.held?.since ?? now,
+    timer: rec.held?.timer,
+  };
+  m(rec).held = held;
+  return held;
+}
+
+export function setHeldTimer(rec: PodRecord, timer: NodeJS.Timeout | undefined): void {
+  if (rec.held) m(rec).held = { ...rec.held, timer };
+}
+
+/** The held status was written another way: only held annotations (if any) keep waiting. */
+export function dropHeldStatus(rec: PodRecord): void {
+  if (!rec.held?.status) return;
+  if (Object.keys(rec.held.annotations).length === 0) takeHeld(rec);
+  else m(rec).held = { ...rec.held, status: false };
+}
+
+/** Takes the held write off the record (its timer cleared): the caller writes it. */
+export function takeHeld(rec: PodRecord): HeldWrite | undefined {
+  const held = rec.held;
+  if (held?.timer) clearTimeout(held.timer);
+  m(rec).held = undefined;
+  return held;
 }
 
 export function setStep(rec: PodRecord, name: string): void {

@@ -27,7 +27,11 @@ const provider = {
 /** The status writer a provider is given at construction. */
 function controller(fake: FakeKube): { writeStatusNow: (pod: V1Pod) => Promise<void> } {
   const status = new PodStatusWriter({ kube: fake.kube, log: silentLogger });
-  return { writeStatusNow: (pod) => status.writeNow(pod) };
+  return {
+    writeStatusNow: async (pod) => {
+      await status.writeNow(pod);
+    },
+  };
 }
 
 const readyPod: V1Pod = {

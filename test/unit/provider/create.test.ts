@@ -44,7 +44,10 @@ describe('bring-up does not hold the caller', () => {
     await until('warm clone', () => h!.cocoon.callsOf('vm clone').length === 1);
     release();
     await until('cold clone', () => h!.cocoon.callsOf('vm clone').length === 2);
-    await until('cold bound', () => h!.patches('cold-0').some((a) => !!a['vm.cocoonstack.io/id']));
+    await until(
+      'cold bound',
+      () => !!h!.provider.getPod('ns', 'cold-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    );
   });
 });
 
@@ -110,32 +113,41 @@ describe('a failed create', () => {
 });
 
 describe('ready is never published without an IP', () => {
-  test('a staged ready whose status write failed is re-checked against the lease file before it is re-sent', async () => {
-    let failStatus = true;
+  test('a ready write that failed is re-checked against the lease file before it is re-sent', async () => {
+    // Changed with issue 9: the status and the ready annotation are one write now, so the
+    // failed write is that one (it used to be the status write that preceded the annotation).
+    let failReady = true;
+    let readyAttempts = 0;
     h = harness({
-      statusWriter: async () => {
-        if (failStatus) throw apiError(500, 'etcdserver: request timed out');
+      statusWriter: async (_pod, o) => {
+        if (o.annotations?.[STATE] !== 'ready') return;
+        readyAttempts++;
+        if (failReady) throw apiError(500, 'etcdserver: request timed out');
       },
     });
     h.cocoon.snapshot('acme/agent');
     const pod = clonePod('ip-0');
     await h.provider.createPod(pod);
-    await until('bound', () => h!.patches('ip-0').some((a) => !!a['vm.cocoonstack.io/id']));
+    await until(
+      'bound',
+      () => !!h!.provider.getPod('ns', 'ip-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    );
     const vm = [...h.cocoon.vms.values()][0]!;
     h.lease(vm.nics[0]!.mac, '10.0.0.7');
     h.provider.startLoops();
-    // The reconcile stages ready; its status write fails, so the annotation is not sent.
-    await until('ready staged', () => h!.statuses.length > 0 && failStatus);
+    // The reconcile stages ready; its write fails, so nothing of it lands.
+    await until('ready attempted', () => readyAttempts > 0);
     await new Promise((r) => setTimeout(r, 300));
     assert.ok(!states(h, 'ip-0').includes('ready'));
-    // The lease goes away before the re-flush; the status write would now succeed.
-    h.lease(vm.nics[0]!.mac, '10.0.0.7');
+    // The lease goes away before the re-flush; the write would now succeed.
     const { writeFileSync } = await import('node:fs');
     writeFileSync(h.leasesPath, '[]');
-    failStatus = false;
+    failReady = false;
+    const attempts = readyAttempts;
     await h.provider.updatePod(withAnnotations(pod, {}, '9'));
     await new Promise((r) => setTimeout(r, 100));
     assert.ok(!states(h, 'ip-0').includes('ready'), 'ready is not re-sent without an IP');
+    assert.equal(readyAttempts, attempts, 'no ready write was even tried');
   });
 });
 
@@ -215,14 +227,20 @@ describe('requests of tiers not built yet fail loudly', () => {
     h.cocoon.snapshot('acme/agent');
     const pod = clonePod('pol-0', { 'cocoonset.cocoonstack.io/snapshot-policy': 'always' });
     await h.provider.createPod(pod);
-    await until('bound', () => h!.patches('pol-0').some((a) => !!a['vm.cocoonstack.io/id']));
+    await until(
+      'bound',
+      () => !!h!.provider.getPod('ns', 'pol-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    );
     await h.provider.deletePod(pod);
     assert.ok(h.events.some((e) => e.reason === 'SnapshotPolicyUnsupported' && e.message.includes('always')));
     assert.equal(h.cocoon.vms.size, 0);
     // No explicit policy: no warning.
     const quiet = clonePod('pol-1');
     await h.provider.createPod(quiet);
-    await until('bound', () => h!.patches('pol-1').some((a) => !!a['vm.cocoonstack.io/id']));
+    await until(
+      'bound',
+      () => !!h!.provider.getPod('ns', 'pol-1')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    );
     await h.provider.deletePod(quiet);
     assert.equal(h.events.filter((e) => e.reason === 'SnapshotPolicyUnsupported').length, 1);
   });

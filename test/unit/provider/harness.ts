@@ -5,11 +5,12 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { V1Pod } from '@kubernetes/client-node';
+import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { loadConfig } from '../../../src/config/env.ts';
-import type { EventSink } from '../../../src/kube/events.ts';
+import { EventRecorder, type EventSink } from '../../../src/kube/events.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
+import type { StatusWriteOptions } from '../../../src/pods/ports.ts';
 import type { SnapshotPuller } from '../../../src/provider/cocoon/context.ts';
 import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import { CocoonProvider } from '../../../src/provider/cocoon/provider.ts';
@@ -23,17 +24,33 @@ export interface RecordedEvent {
   message: string;
 }
 
+/** One write the provider made to a pod that the apiserver accepted: an annotation patch,
+ * or a status write (`writeNow`, with the annotations it carried). Asynchronous status
+ * notifications are in `statuses` only. */
+export interface PodWrite {
+  kind: 'annotations' | 'status';
+  annotations: Record<string, string | null> | undefined;
+  status: V1PodStatus | undefined;
+  at: number;
+}
+
 export interface Harness {
   provider: CocoonProvider;
   cocoon: FakeCocoon;
   kube: ReturnType<typeof fakeKube>;
+  /** The real event recorder (option `recorder`). */
+  recorder: EventRecorder | undefined;
   events: RecordedEvent[];
+  /** Every status the provider handed to its status sink (notify and writeNow), in order. */
   statuses: V1Pod[];
   leasesPath: string;
   /** Writes a lease for a MAC (cocoon-net's file format). */
   lease(mac: string, ip: string): void;
-  /** Annotation patches the provider sent for a pod, oldest first. */
+  /** Annotation changes the provider wrote for a pod, oldest first: annotation patches and
+   * the annotations carried by status writes. */
   patches(name: string): Record<string, string | null>[];
+  /** Every accepted write of the provider to a pod, oldest first. */
+  writes(name: string): PodWrite[];
   close(): void;
 }
 
@@ -41,7 +58,11 @@ export function harness(
   opts: {
     env?: Record<string, string>;
     puller?: SnapshotPuller;
-    statusWriter?: (pod: V1Pod) => Promise<void>;
+    /** Replaces the sink's writeNow (throw to fail the write). */
+    statusWriter?: (pod: V1Pod, opts: StatusWriteOptions) => Promise<void>;
+    /** Also hand every event to a real EventRecorder writing to the fake Kubernetes client
+     * (`h.recorder`), to observe the Event API writes. */
+    recorder?: boolean;
   } = {},
 ): Harness {
   const dir = mkdtempSync(join(tmpdir(), 'vk-unit-'));
@@ -51,18 +72,33 @@ export function harness(
   const kube = fakeKube();
   const events: RecordedEvent[] = [];
   const statuses: V1Pod[] = [];
+  const statusWrites: { name: string; write: PodWrite }[] = [];
+  const recorder = opts.recorder ? new EventRecorder(kube.kube, 'node', silentLogger) : undefined;
   const sink: EventSink = {
-    event: (pod, type, reason, message) =>
-      events.push({ pod: `${pod.metadata?.namespace}/${pod.metadata?.name}`, type, reason, message }),
+    event: (pod, type, reason, message) => {
+      events.push({ pod: `${pod.metadata?.namespace}/${pod.metadata?.name}`, type, reason, message });
+      recorder?.event(pod, type, reason, message);
+    },
   };
   const lifetime = new AbortController();
+  let rv = 100_000;
   const config = loadConfig({ VK_NODE_IP: '127.0.0.1', VK_LEASES_PATH: leasesPath, ...opts.env });
   const provider = new CocoonProvider({
     status: {
       notify: (pod) => void statuses.push(pod),
-      writeNow: async (pod) => {
-        if (opts.statusWriter) await opts.statusWriter(pod);
-        else statuses.push(pod);
+      writeNow: async (pod, o = {}) => {
+        if (opts.statusWriter) await opts.statusWriter(pod, o);
+        statuses.push(pod);
+        statusWrites.push({
+          name: pod.metadata?.name ?? '',
+          write: {
+            kind: 'status',
+            annotations: o.annotations ? { ...o.annotations } : undefined,
+            status: pod.status,
+            at: performance.now(),
+          },
+        });
+        return String(++rv);
       },
     },
     config,
@@ -80,6 +116,7 @@ export function harness(
     provider,
     cocoon,
     kube,
+    recorder,
     events,
     statuses,
     leasesPath,
@@ -91,12 +128,23 @@ export function harness(
       );
     },
     patches(name) {
-      return kube.core
+      return this.writes(name).flatMap((w) => (w.annotations ? [w.annotations] : []));
+    },
+    writes(name) {
+      const patches: PodWrite[] = kube.core
         .callsOf('patchNamespacedPod')
         .filter((c) => c.params.name === name)
-        .map((c) => c.params.body.metadata.annotations);
+        .map((c) => ({
+          kind: 'annotations',
+          annotations: c.params.body.metadata.annotations,
+          status: undefined,
+          at: c.at,
+        }));
+      const sink = statusWrites.filter((w) => w.name === name).map((w) => w.write);
+      return [...patches, ...sink].sort((a, b) => a.at - b.at);
     },
     close() {
+      recorder?.stop();
       provider.stopLoops();
       lifetime.abort();
       rmSync(dir, { recursive: true, force: true });

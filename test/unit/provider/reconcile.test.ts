@@ -35,9 +35,13 @@ const states = (hh: Harness, name: string) =>
 /** post-clone-state values written (the bind's clearing `null` left out). */
 const markers = (hh: Harness, name: string) =>
   hh.patches(name).flatMap((a) => (typeof a[POST_CLONE] === 'string' ? [a[POST_CLONE]] : []));
-/** The readiness condition's reason of the latest status the provider published. */
+/** The readiness condition's reason of the provider's current status of its (latest) pod:
+ * what it publishes, whether written already or held for the next write. */
 const step = (hh: Harness) =>
-  hh.statuses.at(-1)?.status?.conditions?.find((c) => c.type === READINESS)?.reason;
+  hh.provider
+    .getPods()
+    .at(-1)
+    ?.status?.conditions?.find((c) => c.type === READINESS)?.reason;
 
 async function sleep(ms: number): Promise<void> {
   await new Promise((r) => setTimeout(r, ms));
@@ -49,7 +53,8 @@ const POLL = 260;
 async function cloned(hh: Harness, pod: V1Pod): Promise<FakeVm> {
   const name = pod.metadata!.name!;
   await hh.provider.createPod(pod);
-  await until(`${name} bound`, () => hh.patches(name).some((a) => !!a[VM_ID]));
+  // The tracked copy has the id at once (the API gets it with the next write).
+  await until(`${name} bound`, () => !!hh.provider.getPod('ns', name)?.metadata?.annotations?.[VM_ID]);
   return [...hh.cocoon.vms.values()].find((v) => v.name === `vk-${name}`)!;
 }
 
@@ -58,33 +63,34 @@ function apiCopy(hh: Harness, pod: V1Pod, rv: string, changes: Record<string, st
 }
 
 describe('DHCP clone', () => {
-  test('waits for the lease, then writes the status with the pod IP before the ready annotation', async () => {
-    const writes: { podIP: string | undefined; readyPatched: boolean; readiness: string | undefined }[] = [];
-    h = harness({
-      statusWriter: async (pod) => {
-        writes.push({
-          podIP: pod.status?.podIP,
-          readyPatched: states(h!, 'dhcp-0').includes('ready'),
-          readiness: pod.status?.conditions?.find((c) => c.type === READINESS)?.reason,
-        });
-      },
-    });
+  test('waits for the lease, then writes the status (podIP, Ready) and the ready annotation in one write', async () => {
+    h = harness();
     h.cocoon.snapshot('acme/agent');
     h.provider.startLoops();
     const vm = await cloned(h, clonePod('dhcp-0'));
     await until('waiting for the lease', () => step(h!) === 'WaitingForLease');
     assert.deepEqual(states(h, 'dhcp-0'), ['creating']);
-    assert.equal(writes.length, 0, 'no ordered status write before a decision');
+    assert.equal(h.writes('dhcp-0').length, 1, 'the claim only: the bind is held for the next write');
     assert.equal(h.cocoon.callsOf('vm exec').length, 0, 'an all-DHCP CH clone needs no fixup');
 
     h.lease(vm.nics[0]!.mac, '10.0.0.42');
     await until('ready', () => states(h!, 'dhcp-0').includes('ready'));
-    assert.equal(writes.length, 1);
-    assert.deepEqual(writes[0], { podIP: '10.0.0.42', readyPatched: false, readiness: 'Ready' });
-    const ready = h.patches('dhcp-0').find((a) => a[STATE] === 'ready')!;
-    assert.equal(ready[VM_IP], '10.0.0.42');
-    assert.equal(ready[VM_ID], vm.id);
-    assert.equal(ready[OBSERVED], '0');
+    // Changed with issue 9: R8's status write, then annotation patch, is now ONE write.
+    const writes = h.writes('dhcp-0');
+    assert.equal(writes.length, 2, JSON.stringify(writes));
+    const [claim, ready] = writes;
+    assert.equal(claim!.kind, 'status');
+    assert.equal(claim!.annotations?.[STATE], 'creating');
+    assert.equal(claim!.status?.phase, 'Pending');
+    assert.equal(ready!.kind, 'status');
+    assert.equal(ready!.annotations?.[STATE], 'ready');
+    assert.equal(ready!.annotations?.[VM_IP], '10.0.0.42');
+    assert.equal(ready!.annotations?.[VM_ID], vm.id);
+    assert.equal(ready!.annotations?.[OBSERVED], '0');
+    assert.equal(ready!.status?.podIP, '10.0.0.42');
+    assert.equal(ready!.status?.phase, 'Running');
+    assert.equal(ready!.status?.conditions?.find((c) => c.type === 'Ready')?.status, 'True');
+    assert.equal(ready!.status?.conditions?.find((c) => c.type === READINESS)?.reason, 'Ready');
     assert.deepEqual(states(h, 'dhcp-0'), ['creating', 'ready']);
   });
 

@@ -46,7 +46,7 @@ async function readyPod(
   if (!hh.cocoon.snapshots.has('acme/agent')) hh.cocoon.snapshot('acme/agent');
   const pod = clonePod(name, extra);
   await hh.provider.createPod(pod);
-  await until(`${name} bound`, () => hh.patches(name).some((a) => !!a[VM_ID]));
+  await until(`${name} bound`, () => !!hh.provider.getPod('ns', name)?.metadata?.annotations?.[VM_ID]);
   const vm = [...hh.cocoon.vms.values()].find((v) => v.name === `vk-${name}`)!;
   hh.lease(vm.nics[0]!.mac, ip);
   await until(`${name} ready`, () => states(hh, name).includes('ready'));

@@ -8,7 +8,7 @@ import {
   VM_IP,
 } from '../../../contract/annotations.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
-import { patchAnnotations, publish, refreshIp } from '../publication.ts';
+import { hold, holding, patchAnnotations, publish, refreshIp } from '../publication.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import {
   annotationsOf,
@@ -16,6 +16,7 @@ import {
   bindVm,
   type PodRecord,
   setPostCloneFailureReason,
+  takeHeld,
 } from '../state.ts';
 import { cancelRetry } from './failure.ts';
 
@@ -39,11 +40,18 @@ export async function bind(
     changes[POST_CLONE_ERRORS] = null;
     setPostCloneFailureReason(rec, undefined);
   }
-  applyAnnotations(rec, changes);
-  const outcome = await patchAnnotations(ctx, rec, changes);
-  if (outcome === 'superseded') {
-    logFor(ctx, rec).info('another incarnation owns the name now; detaching quietly');
-    return;
+  if (holding(ctx, rec)) {
+    // A bring-up: the id, ip and Running status ride along with the next write (usually
+    // `ready`), or go out on their own after the grace (docs/decisions.md, "Writes per
+    // bring-up").
+    hold(ctx, rec, { annotations: changes });
+  } else {
+    applyAnnotations(rec, changes);
+    const outcome = await patchAnnotations(ctx, rec, changes);
+    if (outcome === 'superseded') {
+      logFor(ctx, rec).info('another incarnation owns the name now; detaching quietly');
+      return;
+    }
   }
   ctx.startProbe(rec);
   publish(ctx, rec);
@@ -53,6 +61,7 @@ export async function bind(
 /** Detaches a superseded incarnation: its VM is indexed by name for adoption by the next one. */
 export function detach(ctx: ProviderContext, rec: PodRecord): void {
   supersedeJobs(rec, 'superseded by a new incarnation');
+  takeHeld(rec);
   cancelRetry(ctx, rec.key);
   ctx.probes.get(rec.key)?.stop();
   ctx.probes.delete(rec.key);

@@ -11,7 +11,7 @@ import { releaseLease } from '../../../net/release.ts';
 import { NotFoundError } from '../../../pods/ports.ts';
 import { logFor, type ProviderContext } from '../context.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
-import { markDeleted, type PodRecord, setDeleting } from '../state.ts';
+import { markDeleted, type PodRecord, setDeleting, takeHeld } from '../state.ts';
 import { cancelRetry } from './failure.ts';
 
 export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): Promise<void> {
@@ -94,5 +94,6 @@ export async function releaseLeases(ctx: ProviderContext, vm: VmRecord): Promise
 
 function forget(ctx: ProviderContext, rec: PodRecord): void {
   supersedeJobs(rec, 'forgotten');
+  takeHeld(rec);
   if (ctx.pods.get(rec.key) === rec) ctx.pods.delete(rec.key);
 }

@@ -23,6 +23,7 @@ import {
   progressFor,
   recordProgress,
   setPostCloneFailureReason,
+  setProbeReady,
   setStep,
 } from '../state.ts';
 import { readinessFacts } from './facts.ts';
@@ -125,8 +126,9 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
   }
 }
 
-/** Ready publication (R8, guarded by R9): stage `ready`, write status with podIP, then the
- * annotation; a refused stage (sticky failed) still refreshes the status as not ready. */
+/** Ready publication (R8, guarded by R9): stage `ready`, then one write carrying the status
+ * (podIP, PodReady) and the annotations; a refused stage (sticky failed) still refreshes the
+ * status as not ready. */
 async function publishReady(ctx: ProviderContext, rec: PodRecord, vmId: string): Promise<void> {
   if (!isCurrent(ctx, rec) || rec.vm?.id !== vmId || rec.spec?.hibernate) return;
   if (!stageLifecycle(ctx, rec, 'ready')) {
@@ -135,6 +137,12 @@ async function publishReady(ctx: ProviderContext, rec: PodRecord, vmId: string):
   }
   applyAnnotations(rec, { [VM_IP]: rec.ip || null });
   setStep(rec, 'Ready');
+  if (rec.spec?.probePort === undefined && rec.ip !== '' && !rec.probeReady) {
+    // Without a probe port the probe's success is "an IP resolved" (docs/decisions.md,
+    // "Probes"): its result goes into the same write instead of a status write of its own.
+    setProbeReady(rec, true);
+    ctx.probes.get(rec.key)?.assumeReady();
+  }
   if (rec.clonedBoot && rec.progress?.ipWaitStartedAt !== undefined) {
     ctx.metrics.ipWait(rec.pod.metadata?.namespace ?? '', 'ok');
   }
