@@ -51,7 +51,9 @@ function alive(pid: number): boolean {
   }
 }
 
-describe('simulator server mode', { concurrency: 1 }, () => {
+const skip = process.env.COCOON_SIM_SERVER === '0' ? 'COCOON_SIM_SERVER=0: process mode only' : false;
+
+describe('simulator server mode', { concurrency: 1, skip }, () => {
   let sim: SimRoot;
 
   const stats = async (): Promise<ServerStats> => {
