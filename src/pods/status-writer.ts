@@ -134,6 +134,16 @@ export class PodStatusWriter implements PodStatusSink {
     const status = pod.status;
     if (!status) return undefined;
     const key = keyOf(pod);
+    const live = this.#live?.(key);
+    if (live?.metadata?.uid === pod.metadata?.uid && isTerminalPhase(live?.status?.phase)) {
+      // Nothing changes the status of a pod whose API phase is terminal; the annotations
+      // still land (same subresource, same UID fence, no status in the body).
+      if (!opts.annotations || Object.keys(opts.annotations).length === 0) return undefined;
+      const res = await this.#kube.writeRetrying(this.#annotationsOnly(pod, opts.annotations), {
+        priority: opts.priority ?? 'high',
+      });
+      return res?.metadata?.resourceVersion;
+    }
     const before = this.#pending.get(key);
     const res = await this.#kube.writeRetrying(this.#request(pod, status, opts.annotations), {
       priority: opts.priority ?? 'high',
@@ -150,6 +160,17 @@ export class PodStatusWriter implements PodStatusSink {
     );
     if (before !== undefined && this.#pending.get(key) === before) this.#pending.delete(key);
     return res?.metadata?.resourceVersion;
+  }
+
+  #annotationsOnly(pod: V1Pod, annotations: Readonly<Record<string, string | null>>) {
+    const namespace = pod.metadata?.namespace ?? '';
+    const name = pod.metadata?.name ?? '';
+    const body = { metadata: { uid: pod.metadata?.uid ?? '', annotations: { ...annotations } } };
+    return (signal?: AbortSignal) =>
+      this.#kube.core.patchNamespacedPodStatus(
+        { name, namespace, body },
+        withSignal(signal, strategicMergePatch),
+      );
   }
 
   /** The UID-fenced strategic merge patch of `pods/<name>/status` (with annotation changes

@@ -194,6 +194,21 @@ describe('the status writer', () => {
     writer.stop();
   });
 
+  test('a pod whose API phase is terminal gets its annotations but never a status', async () => {
+    const fake = fakeKube();
+    const writer = new PodStatusWriter({ kube: fake.kube, log: silentLogger });
+    const pod: V1Pod = { metadata: { namespace: 'ns', name: 't', uid: 'uid-t' } };
+    writer.start(() => ({ ...pod, status: { phase: 'Succeeded' } }));
+    await writer.writeNow({ ...pod, status: { phase: 'Running' } }, { annotations: { [STATE]: 'failed' } });
+    await writer.writeNow({ ...pod, status: { phase: 'Running' } });
+    const calls = fake.core.callsOf('patchNamespacedPodStatus');
+    assert.equal(calls.length, 1);
+    assert.deepEqual(calls[0]!.params.body, {
+      metadata: { uid: 'uid-t', annotations: { [STATE]: 'failed' } },
+    });
+    writer.stop();
+  });
+
   test('writeNow without annotations sends no metadata.annotations', async () => {
     const fake = fakeKube();
     const writer = new PodStatusWriter({ kube: fake.kube, log: silentLogger });
