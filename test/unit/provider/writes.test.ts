@@ -13,7 +13,7 @@ import { silentLogger } from '../../../src/log.ts';
 import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
 import { PUBLISH_GRACE_MS } from '../../../src/provider/cocoon/publication.ts';
 import { apiError, fakeKube } from '../fakes/kube.ts';
-import { clonePod, type Harness, harness, type PodWrite, until } from './harness.ts';
+import { clonePod, type Harness, harness, type PodWrite, until, withAnnotations } from './harness.ts';
 
 const STATE = 'vm.cocoonstack.io/lifecycle-state';
 const OBSERVED = 'vm.cocoonstack.io/lifecycle-observed-generation';
@@ -133,6 +133,29 @@ describe('a DHCP clone', () => {
     // The bind's clearing of the post-clone keys was held again and rides along.
     assert.ok(ready.annotations && POST_CLONE in ready.annotations, JSON.stringify(ready.annotations));
     assert.equal(ready.annotations[VM_ID], [...h.cocoon.vms.values()][0]!.id);
+  });
+});
+
+describe('a ready pod', () => {
+  test('an IP change (cocoon-net rebound the MAC) moves the ip annotation and podIP in one write', async () => {
+    h = harness();
+    h.cocoon.snapshot('acme/agent');
+    h.lease(FIRST_MAC, '10.0.0.5');
+    const pod = clonePod('w-move');
+    await h.provider.createPod(pod);
+    await until('ready', () => states(h!, 'w-move').includes('ready'));
+    const before = h.writes('w-move').length;
+    h.lease(FIRST_MAC, '10.0.0.55');
+    // The API copy (with every annotation written so far) comes back: only the IP is news.
+    await h.provider.updatePod(withAnnotations(pod, Object.assign({}, ...h.patches('w-move')), '900000'));
+    await until('moved', () => h!.writes('w-move').length > before);
+    await sleep(50);
+    const added = h.writes('w-move').slice(before);
+    assert.equal(added.length, 1, JSON.stringify(added));
+    assert.equal(added[0]!.kind, 'status');
+    assert.equal(added[0]!.annotations?.[VM_IP], '10.0.0.55');
+    assert.equal(added[0]!.status?.podIP, '10.0.0.55');
+    assert.equal(cond(added[0], 'Ready')?.status, 'True');
   });
 });
 

@@ -15,7 +15,16 @@ import { isUnflushed } from '../../../lifecycle/intent.ts';
 import { deriveOwedStep, type OwedStep, READY_DEADLINE_REASON } from '../../../lifecycle/owed.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
-import { failOp, flushIntent, patchAnnotations, publish, refreshIp, stageLifecycle } from '../publication.ts';
+import {
+  failOp,
+  flushIntent,
+  hold,
+  patchAnnotations,
+  publish,
+  refreshIp,
+  stageLifecycle,
+  writePod,
+} from '../publication.ts';
 import {
   annotationsOf,
   applyAnnotations,
@@ -51,11 +60,15 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
   const rec = ctx.pods.get(key);
   if (!rec || rec.deleting) return;
   const ipChanged = await refreshIp(ctx, rec);
-  if (ipChanged && rec.intent?.state === 'ready') {
-    // cocoon-net rebound the MAC (or the lease expired): keep the ip annotation in sync.
-    applyAnnotations(rec, { [VM_IP]: rec.ip || null });
-    await patchAnnotations(ctx, rec, { [VM_IP]: rec.ip || null });
-    publish(ctx, rec);
+  const ipStale = rec.spec?.managed === true && (annotationsOf(rec)[VM_IP] ?? '') !== rec.ip;
+  if (rec.intent?.state === 'ready' && (ipChanged || ipStale) && isCurrent(ctx, rec)) {
+    // cocoon-net rebound the MAC (or the lease expired), seen now or by the probe's own
+    // refresh: the ip annotation and podIP change together, in one write; a failed write is
+    // held and retried.
+    const change = { [VM_IP]: rec.ip || null };
+    applyAnnotations(rec, change);
+    const outcome = await writePod(ctx, rec, change, { status: true, lifecycle: 'ready' });
+    if (outcome === 'failed') hold(ctx, rec, { annotations: change, status: true });
   }
   const now = monoNow();
   const step = deriveOwedStep(readinessFacts(ctx, rec), now);
