@@ -53,20 +53,35 @@ function nudgeReaper(root: string): void {
 }
 
 /**
- * Kills a tracked process group if it is still the process we started, and waits (≤ 0.5 s)
- * until it is reaped, so that the pid is gone when the caller returns, as after cocoon's own
- * kill-and-wait. Forgets the process.
+ * Kills tracked process groups that are still the processes we started, and waits (≤ 0.5 s,
+ * plus 5 ms per process) until they are reaped, so that the pids are gone when the caller
+ * returns, as after cocoon's own kill-and-wait. Forgets the processes. The reaper is woken
+ * every 20 ms meanwhile: it reaps between two reads of its FIFO, and a wake-up that arrives
+ * before a child has died would otherwise leave it to its 0.25 s read timeout.
  */
-export function killTracked(root: string, pid: number): void {
-  if (!pid) return;
-  const start = trackedStart(root, pid);
-  if (isAlive(pid, start)) {
-    killGroup(pid);
-    nudgeReaper(root);
-    const deadline = Date.now() + 500;
-    while (procStat(pid)?.start === start && Date.now() < deadline) sleepSync(5);
+export function killTrackedAll(root: string, pids: readonly number[]): void {
+  const live: { pid: number; start: number | undefined }[] = [];
+  for (const pid of pids) {
+    if (!pid) continue;
+    const start = trackedStart(root, pid);
+    if (isAlive(pid, start)) live.push({ pid, start });
   }
-  fs.rmSync(path.join(pidsDir(root), `${pid}.json`), { force: true });
+  for (const p of live) killGroup(p.pid);
+  if (live.length > 0) {
+    const deadline = Date.now() + 500 + 5 * live.length;
+    let waiting = live;
+    for (let i = 0; waiting.length > 0 && Date.now() < deadline; i++) {
+      if (i % 4 === 0) nudgeReaper(root);
+      sleepSync(5);
+      waiting = waiting.filter((p) => procStat(p.pid)?.start === p.start);
+    }
+  }
+  for (const pid of pids) if (pid) fs.rmSync(path.join(pidsDir(root), `${pid}.json`), { force: true });
+}
+
+/** killTrackedAll for one process. */
+export function killTracked(root: string, pid: number): void {
+  killTrackedAll(root, [pid]);
 }
 
 export function listTracked(root: string): TrackedProc[] {

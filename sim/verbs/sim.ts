@@ -21,7 +21,7 @@ import { io, serverInfo } from '../io.ts';
 import { loadKnobs } from '../knobs.ts';
 import { formatExpiry, grantIn, leaseOptions, releaseIn, updateLeases } from '../leases.ts';
 import { BACKENDS, leasesFile, simDir } from '../paths.ts';
-import { killTracked, listTracked, trackedAlive } from '../pids.ts';
+import { killTracked, killTrackedAll, listTracked, trackedAlive } from '../pids.ts';
 import { isAlive, killGroup } from '../proc.ts';
 import { addUse } from '../snapuse.ts';
 import { spawnDetached } from '../spawn.ts';
@@ -255,11 +255,12 @@ export async function runSimAction(root: string, argv: string[], env: NodeJS.Pro
     case 'kill-all': {
       parseArgs(spec('kill-all', [], 0, 0), rest);
       const procs = listTracked(root);
-      let killed = 0;
-      for (const t of procs.filter((x) => x.kind !== 'reaper')) {
-        if (isAlive(t.pid, t.start)) killed += 1;
-        killTracked(root, t.pid);
-      }
+      const others = procs.filter((x) => x.kind !== 'reaper');
+      const killed = others.filter((t) => isAlive(t.pid, t.start)).length;
+      killTrackedAll(
+        root,
+        others.map((t) => t.pid),
+      );
       // Give the reaper a moment to reap, then stop it (its TERM trap kills leftovers).
       await new Promise((r) => setTimeout(r, 300));
       for (const t of procs.filter((x) => x.kind === 'reaper')) {
