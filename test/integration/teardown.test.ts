@@ -226,7 +226,7 @@ setTimeout(() => {
     }, async (t) => {
       const run = start(t, ['bench/clones.ts', '3']);
       const workDir = (await run.waitOutput(/bench: work dir (\S+)/))[1] as string;
-      await run.waitOutput(/bench: creating 3 pods/);
+      await run.waitOutput(/bench: (\[\S+\] )?creating 3 pods/);
       // Wait for a VM stand-in of the simulator (started by cocoon calls of the daemon).
       const standins = () => {
         const simDir = readdirSync(workDir).find((n) => n.startsWith('cocoon-sim-'));
