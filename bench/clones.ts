@@ -85,7 +85,9 @@ function table(rs: BringUpResult[]): string {
     ),
     row('p50 (bound → ready) / wall', (r) => fmtN(pct(r.boundToReady, 50) / r.wallMs, 2)),
     row('**daemon CPU ms per bring-up**', (r) => `**${fmtN(r.cpuMs / r.pods, 1)}**`),
-    row('cocoon calls CPU ms per bring-up (children)', (r) => fmtN(r.childCpuMs / r.pods, 1)),
+    row('simulator CPU ms per bring-up (cocoon clients + sim server)', (r) =>
+      fmtN((r.childCpuMs + r.simServerCpuMs) / r.pods, 1),
+    ),
     row('**API writes per bring-up**', (r) => `**${per(r, r.writes.total)}**`),
     ...MAIN_KINDS.map((k) => row(`· ${k}`, (r) => per(r, r.writes.byKind[k] ?? 0))),
     row(`· other${other.length ? ` (${other.join(', ')})` : ''}`, (r) => per(r, otherWrites(r.writes))),

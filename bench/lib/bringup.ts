@@ -31,6 +31,9 @@ export interface BringUpResult {
   cpuMs: number;
   /** cutime+cstime over the window (the `cocoon` invocations it waited for), ms. */
   childCpuMs: number;
+  /** The simulator server's own CPU over the window (the work of the `cocoon` calls runs
+   * there; the thin clients are the children above), ms; 0 without a server. */
+  simServerCpuMs: number;
   writes: WriteCount;
   calls: Record<string, number>;
   /** Max of the 100 ms VmRSS samples over the window, KiB. */
@@ -136,6 +139,8 @@ export async function bringUp(
   const timeoutMs = opts.timeoutMs ?? (Number(process.env.VK_BENCH_TIMEOUT_S) || 600 + 2 * n) * 1000;
 
   const cpu0 = cpuTimes(pid);
+  const simCpu = () => (env.sim.serverPid === undefined ? 0 : cpuTimes(env.sim.serverPid).selfMs);
+  const simCpu0 = simCpu();
   audit.poll();
   const t0 = Date.now();
   let lastCpu = cpu0.selfMs;
@@ -192,6 +197,7 @@ export async function bringUp(
   await waitQuiet(audit, t0);
   const t1 = Date.now();
   const cpu1 = cpuTimes(pid);
+  const simCpu1 = simCpu();
   const { hwmKiB } = memOf(pid);
   rss.stop();
   leases.stop();
@@ -235,6 +241,7 @@ export async function bringUp(
       createdToPodReady,
       cpuMs: cpu1.selfMs - cpu0.selfMs,
       childCpuMs: cpu1.childrenMs - cpu0.childrenMs,
+      simServerCpuMs: simCpu1 - simCpu0,
       writes: countWrites(writes),
       calls,
       peakRssKiB: Math.max(rss.maxKiB, 0),
