@@ -154,3 +154,111 @@ export function computePodStatus(input: PodStatusInput): PodStatus {
     ],
   };
 }
+
+/** A time of an API object: a `Date`, or the RFC 3339 string of the wire format. */
+type ApiTime = Date | string | null | undefined;
+
+/** The fields of a pod status as the API holds it that {@link statusFromApi} reads. */
+export interface ApiPodStatus {
+  readonly phase?: string;
+  readonly conditions?: readonly {
+    readonly type: string;
+    readonly status: string;
+    readonly lastTransitionTime?: ApiTime;
+  }[];
+  readonly hostIP?: string;
+  readonly podIP?: string;
+  readonly podIPs?: readonly { readonly ip?: string }[];
+  readonly startTime?: ApiTime;
+  readonly containerStatuses?: readonly {
+    readonly name: string;
+    readonly image?: string;
+    readonly imageID?: string;
+    readonly ready?: boolean;
+    readonly restartCount?: number;
+    readonly started?: boolean;
+    readonly state?: {
+      readonly running?: { readonly startedAt?: ApiTime } | null;
+      readonly terminated?: {
+        readonly exitCode?: number;
+        readonly reason?: string;
+        readonly message?: string;
+        readonly startedAt?: ApiTime;
+        readonly finishedAt?: ApiTime;
+      } | null;
+      readonly waiting?: { readonly reason?: string; readonly message?: string } | null;
+    };
+  }[];
+}
+
+function apiTime(t: ApiTime): Date | undefined {
+  if (t === null || t === undefined) return undefined;
+  const d = t instanceof Date ? t : new Date(t);
+  return Number.isNaN(d.getTime()) ? undefined : d;
+}
+
+const CONDITION_TYPES: readonly ConditionType[] = ['Initialized', 'Ready', 'ContainersReady', 'PodScheduled'];
+const PHASES: readonly PodPhase[] = ['Pending', 'Running', 'Succeeded', 'Failed'];
+
+/**
+ * The pod status the API holds, as a {@link PodStatus} to pass as `previous` (the status a
+ * restarted process starts from, docs/contracts/lifecycle.md R7): conditions whose status
+ * does not change keep the lastTransitionTime already published, so re-publishing a pod
+ * whose status is right changes nothing. Conditions of other types and fields this module
+ * does not compute are left out; `undefined` without a phase.
+ */
+export function statusFromApi(api: ApiPodStatus | undefined): PodStatus | undefined {
+  const phase = PHASES.find((p) => p === api?.phase);
+  if (!api || !phase) return undefined;
+  const conditions: PodCondition[] = [];
+  for (const c of api.conditions ?? []) {
+    const type = CONDITION_TYPES.find((t) => t === c.type);
+    const at = apiTime(c.lastTransitionTime);
+    if (type && at && (c.status === 'True' || c.status === 'False'))
+      conditions.push({ type, status: c.status, lastTransitionTime: at });
+  }
+  const startTime = apiTime(api.startTime);
+  const containerStatuses: ContainerStatus[] = (api.containerStatuses ?? []).map((cs) => {
+    const s = cs.state ?? {};
+    const state: ContainerState = s.terminated
+      ? {
+          terminated: {
+            exitCode: s.terminated.exitCode ?? 0,
+            reason: s.terminated.reason,
+            message: s.terminated.message,
+            startedAt: apiTime(s.terminated.startedAt),
+            finishedAt: apiTime(s.terminated.finishedAt),
+          },
+        }
+      : s.running
+        ? { running: { startedAt: apiTime(s.running.startedAt) } }
+        : s.waiting
+          ? { waiting: { reason: s.waiting.reason, message: s.waiting.message } }
+          : {};
+    return {
+      name: cs.name,
+      image: cs.image ?? '',
+      imageID: cs.imageID ?? '',
+      ready: cs.ready ?? false,
+      restartCount: cs.restartCount ?? 0,
+      ...(cs.started !== undefined ? { started: cs.started } : {}),
+      state,
+    };
+  });
+  const podIPs = (api.podIPs ?? []).flatMap((p) => (p.ip ? [{ ip: p.ip }] : []));
+  return {
+    phase,
+    conditions,
+    ...(api.hostIP ? { hostIP: api.hostIP } : {}),
+    ...(api.podIP ? { podIP: api.podIP } : {}),
+    ...(podIPs.length > 0 ? { podIPs } : {}),
+    ...(startTime ? { startTime } : {}),
+    containerStatuses,
+  };
+}
+
+/** When the VM of a pod started, as the API shows it: `startTime`, else the container's
+ * `running.startedAt` (kept across restarts: the same VM has the same start). */
+export function startTimeFromApi(api: ApiPodStatus | undefined): Date | undefined {
+  return apiTime(api?.startTime) ?? apiTime(api?.containerStatuses?.[0]?.state?.running?.startedAt);
+}

@@ -3,7 +3,9 @@
 // backoff, kept pending for pods the watch cache does not hold yet, and re-asserted by the
 // controller's resync when the API copy drifted. Created before the provider and handed to
 // it at construction, so statuses produced during startup are queued and reach the API as
-// soon as the pod controller starts.
+// soon as the pod controller starts. A status the pod's API copy already carries is not
+// written (docs/decisions.md, "Writes per bring-up": a restart re-publishes every pod, and
+// a pod whose published status is right costs no write).
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import {
   apiErrorMessage,
@@ -35,6 +37,9 @@ export class PodStatusWriter implements PodStatusSink {
   readonly #pending = new Map<string, V1Pod>();
   /** Last status written per key (uid + JSON), for de-duplication. */
   readonly #written = new Map<string, { uid: string; json: string }>();
+  /** resourceVersion answered to our last status write per key: a watch-cache copy older
+   * than it does not show that write yet, so it cannot tell that a status is already there. */
+  readonly #writtenRV = new Map<string, string>();
   /** The watch cache; until the controller starts, statuses only accumulate. */
   #live: ((key: string) => V1Pod | undefined) | undefined;
   #stopped = false;
@@ -88,6 +93,7 @@ export class PodStatusWriter implements PodStatusSink {
   forget(key: string): void {
     this.#pending.delete(key);
     this.#written.delete(key);
+    this.#writtenRV.delete(key);
   }
 
   async #write(key: string): Promise<void> {
@@ -105,6 +111,12 @@ export class PodStatusWriter implements PodStatusSink {
     const json = JSON.stringify(want.status);
     const last = this.#written.get(key);
     if (last && last.uid === uid && last.json === json) return done();
+    if (this.#showsOurWrites(key, live) && statusApplied(live.status, want.status)) {
+      // The API copy already carries this status (a restart re-publishing a pod whose
+      // status is right; the same status computed again): nothing to write.
+      this.#written.set(key, { uid, json });
+      return done();
+    }
     try {
       await this.patch(want, want.status);
     } catch (err) {
@@ -121,7 +133,27 @@ export class PodStatusWriter implements PodStatusSink {
   /** One status patch, bounded: the token wait by the write limiter's bound, the request by
    * POD_WRITE_TIMEOUT_MS (a black-holed connection cannot hold the status queue). */
   async patch(pod: V1Pod, status: V1PodStatus, opts: WriteOptions = {}): Promise<void> {
-    await this.#kube.write(this.#request(pod, status), { timeoutMs: POD_WRITE_TIMEOUT_MS, ...opts });
+    const res = await this.#kube.write(this.#request(pod, status), {
+      timeoutMs: POD_WRITE_TIMEOUT_MS,
+      ...opts,
+    });
+    this.#noteRV(keyOf(pod), res?.metadata?.resourceVersion);
+  }
+
+  #noteRV(key: string, rv: string | undefined): void {
+    if (rv) this.#writtenRV.set(key, rv);
+    else this.#writtenRV.delete(key);
+  }
+
+  /** The watch-cache copy is at least as new as our last status write of the key (or we
+   * made none in this process). resourceVersions are compared as etcd revisions; when
+   * either is not a plain integer the copy is not trusted. */
+  #showsOurWrites(key: string, live: V1Pod): boolean {
+    const ours = this.#writtenRV.get(key);
+    if (ours === undefined) return !this.#written.has(key);
+    const theirs = live.metadata?.resourceVersion ?? '';
+    if (!/^\d+$/.test(ours) || !/^\d+$/.test(theirs)) return false;
+    return BigInt(theirs) >= BigInt(ours);
   }
 
   /** Writes a status now, with `opts.annotations` in the same patch (the apiserver takes
@@ -149,6 +181,7 @@ export class PodStatusWriter implements PodStatusSink {
       priority: opts.priority ?? 'high',
     });
     this.#written.set(key, { uid: pod.metadata?.uid ?? '', json: JSON.stringify(status) });
+    this.#noteRV(key, res?.metadata?.resourceVersion);
     this.#log.debug(
       {
         pod: key,
@@ -193,6 +226,66 @@ export class PodStatusWriter implements PodStatusSink {
   static drifted(api: V1PodStatus | undefined, want: V1PodStatus): boolean {
     return statusSignature(api) !== statusSignature(want);
   }
+}
+
+/** Strategic-merge list keys of the pod status lists the provider writes; other lists
+ * (containerStatuses) are replaced as a whole. */
+const MERGE_KEYS: Readonly<Record<string, string>> = { conditions: 'type', podIPs: 'ip' };
+
+const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
+
+/** A time as the apiserver stores it (metav1.Time: RFC 3339, whole seconds, UTC). */
+function normTime(v: unknown): unknown {
+  const d = v instanceof Date ? v : typeof v === 'string' && RFC3339.test(v) ? new Date(v) : undefined;
+  if (!d || Number.isNaN(d.getTime())) return v;
+  return `${d.toISOString().slice(0, 19)}Z`;
+}
+
+/** A value the API omits (Go `omitempty`): absent, null, '', false, 0 or an empty list. */
+function isEmpty(v: unknown): boolean {
+  return (
+    v === undefined ||
+    v === null ||
+    v === '' ||
+    v === false ||
+    v === 0 ||
+    (Array.isArray(v) && v.length === 0)
+  );
+}
+
+/** True when applying the strategic merge patch value `patch` to `live` changes nothing. */
+function covers(live: unknown, patch: unknown, field = ''): boolean {
+  if (patch === undefined) return true;
+  if (isEmpty(patch)) return isEmpty(live);
+  if (Array.isArray(patch)) {
+    if (!Array.isArray(live)) return false;
+    const mergeKey = MERGE_KEYS[field];
+    if (!mergeKey) return live.length === patch.length && patch.every((p, i) => covers(live[i], p));
+    return patch.every((p) => {
+      const id = (p as Record<string, unknown> | null)?.[mergeKey];
+      return covers(
+        live.find((l) => (l as Record<string, unknown> | null)?.[mergeKey] === id),
+        p,
+      );
+    });
+  }
+  if (patch instanceof Date || live instanceof Date) return normTime(live) === normTime(patch);
+  if (typeof patch === 'object') {
+    if (typeof live !== 'object' || live === null) return false;
+    const l = live as Record<string, unknown>;
+    return Object.entries(patch as Record<string, unknown>).every(([k, v]) => covers(l[k], v, k));
+  }
+  if (typeof patch === 'string' && typeof live === 'string') return normTime(live) === normTime(patch);
+  return live === patch;
+}
+
+/** True when the status patch of `want` would leave the API copy's status `live` as it is:
+ * every field the patch sets (lists merged by their keys, cleared fields absent, times at
+ * the apiserver's whole seconds) already has that value. Fields the patch does not set
+ * (qosClass, hostIPs, condition probe times) do not count. */
+export function statusApplied(live: V1PodStatus | undefined, want: V1PodStatus): boolean {
+  if (!live) return false;
+  return covers(live, buildStatusPatch('', want).status);
 }
 
 function errText(err: unknown): string {

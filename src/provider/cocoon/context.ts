@@ -46,8 +46,8 @@ export interface ProviderContext extends ProviderDeps {
   queue: KeyedQueue;
   /** Enqueues a readiness reconcile for the key (never runs it inline). */
   reconcileSoon: (key: string) => void;
-  /** Starts (or restarts) the probe of a pod with a VM. */
-  startProbe: (rec: PodRecord) => void;
+  /** Starts (or restarts) the probe of a pod with a VM (`ready`: from a ready probe). */
+  startProbe: (rec: PodRecord, opts?: { ready?: boolean }) => void;
   /** Starts a new bring-up of a record whose transient create failure is due for a retry. */
   retryCreate: (rec: PodRecord) => void;
   /** When startup reconcile finished (t0 lower bound of the ready deadline), monotonic ms. */

@@ -91,8 +91,9 @@ export class Loops {
     }
   }
 
-  /** Starts (or restarts) the probe of a pod with a VM; transitions run in the pod's queue. */
-  startProbe(rec: PodRecord): void {
+  /** Starts (or restarts) the probe of a pod with a VM; transitions run in the pod's queue.
+   * With `ready` the probe starts as ready (a failure counts towards the 3 that flip it). */
+  startProbe(rec: PodRecord, opts: { ready?: boolean } = {}): void {
     const ctx = this.#ctx;
     ctx.probes.get(rec.key)?.stop();
     const agent = new ProbeAgent({
@@ -115,6 +116,7 @@ export class Loops {
       },
       onDuration: (s) => ctx.metrics.probeDuration(rec.pod.metadata?.namespace ?? '', s),
       log: logFor(ctx, rec),
+      ready: opts.ready,
     });
     ctx.probes.set(rec.key, agent);
     agent.start();

@@ -27,6 +27,9 @@ export interface ProbeAgentOptions {
   onTransition: (ready: boolean) => void;
   onDuration: (seconds: number) => void;
   log: Logger;
+  /** Start from a ready probe (a restart keeps the published result until the probe says
+   * otherwise: 3 failures, as for any ready probe). */
+  ready?: boolean;
 }
 
 let icmpNoticeLogged = false;
@@ -53,6 +56,7 @@ export class ProbeAgent {
 
   constructor(opts: ProbeAgentOptions) {
     this.#o = opts;
+    if (opts.ready) this.#state = nextProbeStep(this.#state, 'success').state;
   }
 
   start(): void {

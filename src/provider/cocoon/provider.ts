@@ -41,7 +41,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       pods: new Map(),
       queue: new KeyedQueue({ around: (key, task) => admission.run(key, task, () => ctx.pods.has(key)) }),
       reconcileSoon: (key) => this.#loops.reconcileSoon(key),
-      startProbe: (rec) => this.#loops.startProbe(rec),
+      startProbe: (rec, opts) => this.#loops.startProbe(rec, opts),
       retryCreate: (rec) => startBringUp(ctx, rec),
       startupDoneAt: monoNow(),
       orphansByName: new Map(),

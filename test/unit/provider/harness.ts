@@ -10,7 +10,8 @@ import { loadConfig } from '../../../src/config/env.ts';
 import { EventRecorder, type EventSink } from '../../../src/kube/events.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
-import type { StatusWriteOptions } from '../../../src/pods/ports.ts';
+import type { PodStatusSink, StatusWriteOptions } from '../../../src/pods/ports.ts';
+import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
 import type { SnapshotPuller } from '../../../src/provider/cocoon/context.ts';
 import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import { CocoonProvider } from '../../../src/provider/cocoon/provider.ts';
@@ -26,7 +27,8 @@ export interface RecordedEvent {
 
 /** One write the provider made to a pod that the apiserver accepted: an annotation patch,
  * or a status write (`writeNow`, with the annotations it carried). Asynchronous status
- * notifications are in `statuses` only. */
+ * notifications are in `statuses` only, unless the harness runs the real status writer
+ * (option `realStatusWriter`): then every pods/status patch it made is a `status` write. */
 export interface PodWrite {
   kind: 'annotations' | 'status';
   annotations: Record<string, string | null> | undefined;
@@ -40,6 +42,9 @@ export interface Harness {
   kube: ReturnType<typeof fakeKube>;
   /** The real event recorder (option `recorder`). */
   recorder: EventRecorder | undefined;
+  /** The real status writer (option `realStatusWriter`), writing to the fake client; call
+   * `start(live)` with the pods' API copies to let it write. */
+  statusWriter: PodStatusWriter | undefined;
   events: RecordedEvent[];
   /** Every status the provider handed to its status sink (notify and writeNow), in order. */
   statuses: V1Pod[];
@@ -63,6 +68,10 @@ export function harness(
     /** Also hand every event to a real EventRecorder writing to the fake Kubernetes client
      * (`h.recorder`), to observe the Event API writes. */
     recorder?: boolean;
+    /** Give the provider the framework's real PodStatusWriter on the fake client (the
+     * de-duplication against the API copy, pending until `start`) instead of recording
+     * sinks. */
+    realStatusWriter?: boolean;
   } = {},
 ): Harness {
   const dir = mkdtempSync(join(tmpdir(), 'vk-unit-'));
@@ -83,8 +92,21 @@ export function harness(
   const lifetime = new AbortController();
   let rv = 100_000;
   const config = loadConfig({ VK_NODE_IP: '127.0.0.1', VK_LEASES_PATH: leasesPath, ...opts.env });
+  const statusWriter = opts.realStatusWriter
+    ? new PodStatusWriter({ kube: kube.kube, log: silentLogger })
+    : undefined;
+  const realSink: PodStatusSink | undefined = statusWriter && {
+    notify: (pod) => {
+      statuses.push(pod);
+      statusWriter.notify(pod);
+    },
+    writeNow: (pod, o) => {
+      statuses.push(pod);
+      return statusWriter.writeNow(pod, o);
+    },
+  };
   const provider = new CocoonProvider({
-    status: {
+    status: realSink ?? {
       notify: (pod) => void statuses.push(pod),
       writeNow: async (pod, o = {}) => {
         if (opts.statusWriter) await opts.statusWriter(pod, o);
@@ -117,6 +139,7 @@ export function harness(
     cocoon,
     kube,
     recorder,
+    statusWriter,
     events,
     statuses,
     leasesPath,
@@ -141,10 +164,20 @@ export function harness(
           at: c.at,
         }));
       const sink = statusWrites.filter((w) => w.name === name).map((w) => w.write);
-      return [...patches, ...sink].sort((a, b) => a.at - b.at);
+      const real: PodWrite[] = kube.core
+        .callsOf('patchNamespacedPodStatus')
+        .filter((c) => c.params.name === name)
+        .map((c) => ({
+          kind: 'status',
+          annotations: c.params.body.metadata?.annotations,
+          status: c.params.body.status,
+          at: c.at,
+        }));
+      return [...patches, ...sink, ...real].sort((a, b) => a.at - b.at);
     },
     close() {
       recorder?.stop();
+      statusWriter?.stop();
       provider.stopLoops();
       lifetime.abort();
       rmSync(dir, { recursive: true, force: true });

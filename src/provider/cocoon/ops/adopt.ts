@@ -6,6 +6,7 @@
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { VM_ID, VM_IP } from '../../../contract/annotations.ts';
+import { startTimeFromApi } from '../../../lifecycle/status.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { isClonedBootSpec } from '../../../vmspec/decode.ts';
@@ -52,7 +53,8 @@ export async function adoptUnmanaged(ctx: ProviderContext, rec: PodRecord, spec:
     ...found,
     nics: [{ mac: '', tap: '', netnsPath: '', static: { ip, gateway: '', prefix: 32 } }],
   };
-  bindVm(rec, vm, { owns: false, clonedBoot: false });
+  // The start the pod already shows (a restart re-adopting it) stays: same VM, same start.
+  bindVm(rec, vm, { owns: false, clonedBoot: false, startTime: startTimeFromApi(rec.pod.status) });
   setIp(rec, ip);
   setProbeReady(rec, true);
   if (stageLifecycle(ctx, rec, 'ready')) await flushIntent(ctx, rec);

@@ -14,13 +14,22 @@ import {
   VM_IP,
 } from '../../../contract/annotations.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
+import { startTimeFromApi, statusFromApi } from '../../../lifecycle/status.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { isClonedBootSpec, type VMSpec } from '../../../vmspec/decode.ts';
 import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
 import { decodeSpec, type ProviderContext } from '../context.ts';
 import { patchAnnotations, publish, refreshIp } from '../publication.ts';
-import { applyAnnotations, bindVm, newRecord, type PodRecord, setIntent } from '../state.ts';
+import {
+  applyAnnotations,
+  bindVm,
+  newRecord,
+  type PodRecord,
+  setIntent,
+  setLastStatus,
+  setProbeReady,
+} from '../state.ts';
 import { adoptUnmanaged } from './adopt.ts';
 import { keyOf } from './create.ts';
 import { releaseLeases } from './delete.ts';
@@ -116,7 +125,10 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
   await sweepOrphans(ctx, listed.value, claimed, referencedVms(live));
   ctx.startupDoneAt = monoNow();
   for (const rec of [...ctx.pods.values()]) {
-    if (rec.vm && rec.ownsVm) ctx.startProbe(rec);
+    if (rec.vm && rec.ownsVm) {
+      seedProbe(rec);
+      ctx.startProbe(rec, { ready: rec.probeReady });
+    }
     // A hibernate request that arrived while the daemon was down is handled like a live one.
     if (rec.ownsVm && rec.spec?.hibernate && rec.intent?.state !== 'failed')
       await refuseHibernate(ctx, rec, 'update');
@@ -125,10 +137,14 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
   }
 }
 
-/** A tracked record for a pod found at startup, its intent seeded from its annotations (R7). */
+/** A tracked record for a pod found at startup, its intent seeded from its annotations and
+ * its previous status from the API copy (R7): a pod whose published state is right is
+ * re-published as it is, with its transition times, and costs no write. */
 function seeded(ctx: ProviderContext, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
   const rec = newRecord(keyOf(pod), pod, spec);
   setIntent(rec, seedFromAnnotations(rec.uid, pod.metadata?.annotations));
+  const previous = statusFromApi(pod.status);
+  if (previous) setLastStatus(rec, previous);
   ctx.pods.set(rec.key, rec);
   return rec;
 }
@@ -138,8 +154,18 @@ function adopt(rec: PodRecord, vm: VmRecord): void {
   bindVm(rec, vm, {
     owns: true,
     clonedBoot: rec.spec ? isClonedBootSpec(rec.spec) : false,
-    startTime: rec.pod.status?.startTime ? new Date(rec.pod.status.startTime) : new Date(),
+    startTime: startTimeFromApi(rec.pod.status) ?? new Date(),
   });
+}
+
+/** The probe result a restart starts from (R7): without a probe port the probe's success is
+ * "an IP resolved", known now; with one, the `Ready` the pod shows (the previous
+ * incarnation's last result) stands until the probe says otherwise. */
+function seedProbe(rec: PodRecord): void {
+  const shown =
+    rec.intent?.state === 'ready' &&
+    rec.pod.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
+  setProbeReady(rec, rec.spec?.probePort === undefined ? rec.ip !== '' : shown);
 }
 
 /** Orphans: VMs no pod holds and no pod references by ID or name. */
