@@ -7,7 +7,7 @@ import { readFileSync } from 'node:fs';
 import { Counter } from 'prom-client';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
-import { Kube, loadKubeConfig } from './kube/client.ts';
+import { Kube, KubeConfigError, loadKubeConfig } from './kube/client.ts';
 import { EventRecorder } from './kube/events.ts';
 import { KubeletAuthorizer } from './kubelet/auth.ts';
 import { KubeletServer } from './kubelet/server.ts';
@@ -68,7 +68,16 @@ async function main(argv: string[]): Promise<number> {
     );
   });
   const lifetime = new AbortController();
-  const kube = new Kube(loadKubeConfig(config.kubeconfig), config.kubeQps, config.kubeBurst, {
+  let access: ReturnType<typeof loadKubeConfig>;
+  try {
+    access = loadKubeConfig(config.kubeconfig);
+  } catch (err) {
+    if (!(err instanceof KubeConfigError)) throw err;
+    log.fatal({ err: err.message }, 'cannot use the kubeconfig');
+    return 2;
+  }
+  log.info({ server: access.server, from: access.source }, 'Kubernetes API');
+  const kube = new Kube(access, config.kubeQps, config.kubeBurst, {
     eventQps: config.kubeEventQps,
     eventBurst: config.kubeEventBurst,
     heartbeatQps: config.kubeHeartbeatQps,

@@ -1,34 +1,30 @@
-// Kubernetes API access on @kubernetes/client-node, with the client-side write rate limits
-// of docs/contracts/virtual-node.md "Queues and retries" (token buckets; the Go client's 5 QPS default throttled large
-// nodes): pod writes, node heartbeats and events each have their own budget, every wait
-// for a token is bounded, and a write can carry a per-request timeout that aborts the HTTP
-// request. Also small helpers for the patch content types and request signals.
-import { readFileSync } from 'node:fs';
-import {
-  ApiException,
-  AuthenticationV1Api,
-  AuthorizationV1Api,
-  type ConfigurationOptions,
-  CoordinationV1Api,
-  CoreV1Api,
-  KubeConfig,
-  Observable,
-  type ObservableMiddleware,
-  PatchStrategy,
-  type RequestContext,
-  type ResponseContext,
-  setHeaderOptions,
-} from '@kubernetes/client-node';
+// Kubernetes API access of the daemon on the hand-written client of this folder (rest.ts:
+// transport and why it is hand-written instead of @kubernetes/client-node; api.ts: the calls;
+// informer.ts: list-then-watch caches; kubeconfig.ts: where the apiserver is), with the
+// client-side write rate limits of docs/contracts/virtual-node.md "Queues and retries" (token
+// buckets; the Go client's 5 QPS default throttled large nodes): pod writes, node heartbeats
+// and events each have their own budget, every wait for a token is bounded, and a write can
+// carry a per-request timeout that aborts the HTTP request. Also small helpers for the patch
+// content types and request signals.
+
 import { delay, withDeadline } from '../util/deadline.ts';
 import { type Rank, RankedList, rankNow } from '../util/priority.ts';
+import { AuthenticationV1Api, AuthorizationV1Api, CoordinationV1Api, CoreV1Api } from './api.ts';
+import { Informer, type KubeObject, type ObjectList } from './informer.ts';
+import type { ClusterAccess } from './kubeconfig.ts';
+import {
+  ApiError,
+  type CallOptions,
+  CONTENT_TYPE_MERGE_PATCH,
+  CONTENT_TYPE_STRATEGIC_MERGE_PATCH,
+  RestClient,
+} from './rest.ts';
 
-export function loadKubeConfig(kubeconfigPath: string | undefined): KubeConfig {
-  const kc = new KubeConfig();
-  if (kubeconfigPath) kc.loadFromFile(kubeconfigPath);
-  else kc.loadFromDefault();
-  if (!kc.getCurrentCluster()) throw new Error('no Kubernetes cluster configured (set KUBECONFIG)');
-  return kc;
-}
+// loadKubeConfig: KUBECONFIG (a path or a list), else ~/.kube/config, else in-cluster;
+// unsupported settings (exec plugins, auth-provider, …) are an error naming them.
+export { type ClusterAccess, KubeConfigError, loadKubeConfig } from './kubeconfig.ts';
+export type { CallOptions } from './rest.ts';
+export { ApiError } from './rest.ts';
 
 export type WritePriority = 'high' | 'normal';
 
@@ -196,7 +192,7 @@ export class TokenBucket {
 
 /** HTTP status of an API error, or 0 for transport errors (and timeouts, aborts). */
 export function apiStatus(err: unknown): number {
-  if (err instanceof ApiException) return err.code;
+  if (err instanceof ApiError) return err.code;
   // DOMException (AbortError, TimeoutError) carries a legacy numeric `code` that is no HTTP status.
   if (err instanceof DOMException) return 0;
   const code = (err as { code?: unknown; statusCode?: unknown } | null)?.code;
@@ -207,16 +203,16 @@ export function apiStatus(err: unknown): number {
 
 /** A short, single-line description of an API error for logs and events. */
 export function apiErrorMessage(err: unknown): string {
-  if (err instanceof ApiException) {
-    const body = err.body as { message?: string } | string | undefined;
-    const msg = typeof body === 'string' ? body : body?.message;
-    return `HTTP ${err.code}${msg ? `: ${msg}` : ''}`;
-  }
+  // ApiError's message is `HTTP <code>: <the apiserver's Status message>`.
   return err instanceof Error ? err.message : String(err);
 }
 
-export const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
-export const strategicMergePatch = setHeaderOptions('Content-Type', PatchStrategy.StrategicMergePatch);
+/** Call options of a JSON merge patch (`core.patchNamespacedPod(params, mergePatch)`). */
+export const mergePatch: CallOptions = Object.freeze({ contentType: CONTENT_TYPE_MERGE_PATCH });
+/** Call options of a strategic merge patch (the default of a patch without options). */
+export const strategicMergePatch: CallOptions = Object.freeze({
+  contentType: CONTENT_TYPE_STRATEGIC_MERGE_PATCH,
+});
 
 export interface WriteOptions extends TakeOptions {
   /** Per-request bound, counted after the token: the request's AbortSignal fires and the
@@ -285,29 +281,18 @@ export function isFinalWriteError(err: unknown): boolean {
   return code === 404 || code === 409 || code === 422;
 }
 
-/** ConfigurationOptions for one client-node call that also carry `signal` into the HTTP
- * request (client-node 2.x hands RequestContext's signal to fetch), e.g.
+/** Call options that also carry `signal` into the HTTP request, e.g.
  * `core.patchNamespacedPod(params, withSignal(signal, mergePatch))`. */
-export function withSignal(
-  signal: AbortSignal | undefined,
-  base?: ConfigurationOptions,
-): ConfigurationOptions | undefined {
+export function withSignal(signal: AbortSignal | undefined, base?: CallOptions): CallOptions | undefined {
   if (!signal) return base;
-  const mw: ObservableMiddleware = {
-    pre: (ctx: RequestContext) => {
-      ctx.setSignal(signal);
-      return new Observable(Promise.resolve(ctx));
-    },
-    post: (res: ResponseContext) => new Observable(Promise.resolve(res)),
-  };
-  return { ...base, middleware: [...(base?.middleware ?? []), mw], middlewareMergeStrategy: 'append' };
+  return { ...base, signal };
 }
 
 /** API clients of the provider identity plus the write limiters: pod writes (lifecycle,
  * status, deletes), node heartbeats and events each have their own token bucket, so a
  * flood of Warning events never delays a lifecycle or status write. */
 export class Kube {
-  readonly kc: KubeConfig;
+  readonly rest: RestClient;
   readonly core: CoreV1Api;
   readonly coordination: CoordinationV1Api;
   readonly authn: AuthenticationV1Api;
@@ -322,12 +307,17 @@ export class Kube {
   /** Called once per API write (metrics: cocoon_vk_api_writes_total). */
   onWrite: () => void = () => {};
 
-  constructor(kc: KubeConfig, qps = DEFAULT_KUBE_QPS, burst = DEFAULT_KUBE_BURST, opts: KubeOptions = {}) {
-    this.kc = kc;
-    this.core = kc.makeApiClient(CoreV1Api);
-    this.coordination = kc.makeApiClient(CoordinationV1Api);
-    this.authn = kc.makeApiClient(AuthenticationV1Api);
-    this.authz = kc.makeApiClient(AuthorizationV1Api);
+  constructor(
+    access: ClusterAccess | RestClient,
+    qps = DEFAULT_KUBE_QPS,
+    burst = DEFAULT_KUBE_BURST,
+    opts: KubeOptions = {},
+  ) {
+    this.rest = access instanceof RestClient ? access : new RestClient(access);
+    this.core = new CoreV1Api(this.rest);
+    this.coordination = new CoordinationV1Api(this.rest);
+    this.authn = new AuthenticationV1Api(this.rest);
+    this.authz = new AuthorizationV1Api(this.rest);
     this.writes = new TokenBucket(qps, burst);
     this.heartbeatWrites = new TokenBucket(
       opts.heartbeatQps ?? DEFAULT_HEARTBEAT_QPS,
@@ -396,11 +386,18 @@ export class Kube {
     return await this.send(fn, opts);
   }
 
+  /** A list-then-watch cache of the collection at `path` (e.g. `/api/v1/pods`); `list` lists
+   * it with the same selectors (through `core`, so tests can serve it). Call start(). */
+  informer<T extends KubeObject>(
+    path: string,
+    list: () => Promise<ObjectList<T>>,
+    selectors: { fieldSelector?: string; labelSelector?: string } = {},
+  ): Informer<T> {
+    return new Informer<T>({ rest: this.rest, path, list, ...selectors });
+  }
+
   /** PEM bundle of the cluster CA from the kubeconfig (the default client CA). */
   clusterCaPem(): string | undefined {
-    const cluster = this.kc.getCurrentCluster();
-    if (!cluster) return undefined;
-    if (cluster.caData) return Buffer.from(cluster.caData, 'base64').toString();
-    return cluster.caFile ? readFileSync(cluster.caFile, 'utf8') : undefined;
+    return this.rest.access.ca;
   }
 }

@@ -5,15 +5,9 @@
 // - A health gate: while the runtime does not answer, neither Lease nor status is renewed,
 //   so the node goes NotReady through the normal node lifecycle.
 // - A deleted node is re-created (TS addition, logged).
-import {
-  ListWatch,
-  type V1Lease,
-  type V1Node,
-  type V1NodeCondition,
-  type V1NodeList,
-  Watch,
-} from '@kubernetes/client-node';
+import type { V1Lease, V1Node, V1NodeCondition } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
+import type { Informer } from '../kube/informer.ts';
 import type { Logger } from '../log.ts';
 import { delay } from '../util/deadline.ts';
 import {
@@ -39,8 +33,8 @@ export interface NodeAgentOptions {
 }
 
 /** A Date whose JSON form has microsecond precision. The apiserver parses Lease
- * `renewTime` (a MicroTime) with exactly six fraction digits, while client-node 2.0
- * serializes dates with `toISOString()` (three digits) and gets a 400. */
+ * `renewTime` (a MicroTime) with exactly six fraction digits, while JSON.stringify of a Date
+ * gives `toISOString()` (three digits) and gets a 400. */
 export class MicroTime extends Date {
   override toISOString(): string {
     return super.toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
@@ -61,7 +55,7 @@ export class NodeAgent {
   #healthInFlight = false;
   #timers: NodeJS.Timeout[] = [];
   #stopped = false;
-  #nodeWatch: ListWatch<V1Node> | undefined;
+  #nodeWatch: Informer<V1Node> | undefined;
   #recreating: Promise<void> | undefined;
   readonly #abort = new AbortController();
 
@@ -138,23 +132,20 @@ export class NodeAgent {
    * write (the 404 path of #patchStatus stays as the fallback). */
   #watchOwnNode(): void {
     const fieldSelector = `metadata.name=${this.#name}`;
-    const list = () => this.#o.kube.core.listNode({ fieldSelector }) as Promise<V1NodeList>;
-    const w = new ListWatch<V1Node>(
+    // The informer relists on 410 and re-opens the watch with backoff by itself; a relist
+    // that no longer finds the node reports it deleted.
+    const w = this.#o.kube.informer<V1Node>(
       '/api/v1/nodes',
-      new Watch(this.#o.kube.kc),
-      list,
-      false,
-      undefined,
-      fieldSelector,
+      () => this.#o.kube.core.listNode({ fieldSelector }),
+      { fieldSelector },
     );
     w.on('delete', () => void this.#recreate('node object was deleted'));
-    w.on('error', () => {
-      if (!this.#stopped) setTimeout(() => void w.start().catch(() => {}), 2000).unref();
+    w.on('error', (err: unknown) => {
+      if (!this.#stopped)
+        this.#log.warn({ err: apiErrorMessage(err) }, 'node watch failed; retrying with backoff');
     });
     this.#nodeWatch = w;
-    void w
-      .start()
-      .catch((err: unknown) => this.#log.warn({ err: apiErrorMessage(err) }, 'node watch failed'));
+    void w.start().catch(() => {}); // rejects only when stopped first
   }
 
   #recreate(why: string): Promise<void> {
@@ -306,7 +297,7 @@ export class NodeAgent {
 
   stop(): void {
     this.#stopped = true;
-    void this.#nodeWatch?.stop().catch(() => {});
+    void this.#nodeWatch?.stop();
     this.#abort.abort();
     for (const t of this.#timers) clearInterval(t);
   }

@@ -3,17 +3,10 @@
 // from the watch cache and the provider's copy and decides from those, never from what an
 // earlier callback remembered. Per key, at most one sync runs; a newer event never
 // cancels a sync in flight, it only schedules one more run.
-import {
-  ListWatch,
-  type V1ConfigMap,
-  type V1Pod,
-  type V1PodList,
-  type V1PodStatus,
-  type V1Secret,
-  Watch,
-} from '@kubernetes/client-node';
+import type { V1ConfigMap, V1Pod, V1PodStatus, V1Secret } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube } from '../kube/client.ts';
 import type { EventSink } from '../kube/events.ts';
+import type { Informer } from '../kube/informer.ts';
 import type { Logger } from '../log.ts';
 import { monoNow } from '../util/mono-clock.ts';
 import { WorkQueue } from '../util/work-queue.ts';
@@ -59,7 +52,7 @@ function depKey(d: Dependency): string {
 export class PodController {
   readonly #o: Required<PodControllerOptions>;
   readonly #log: Logger;
-  readonly #informer: ListWatch<V1Pod>;
+  readonly #informer: Informer<V1Pod>;
   readonly #queue: WorkQueue;
   readonly #status: PodStatusWriter;
   /** Pod version whose sync failed, and when its backoff retry is due, per key. */
@@ -70,9 +63,8 @@ export class PodController {
   readonly #handled = new Map<string, string>();
   /** Pods held back by a missing mandatory ConfigMap/Secret: dependency → pod keys. */
   readonly #blocked = new Map<string, Set<string>>();
-  readonly #depWatches = new Map<string, ListWatch<V1ConfigMap | V1Secret>>();
+  readonly #depWatches = new Map<string, Informer<V1ConfigMap | V1Secret>>();
   #resyncTimer: NodeJS.Timeout | undefined;
-  #informerRestart: NodeJS.Timeout | undefined;
   #stopped = false;
   #synced = false;
 
@@ -81,14 +73,12 @@ export class PodController {
     this.#log = opts.log.child({ module: 'pod-controller' });
     this.#status = opts.status;
     const fieldSelector = `spec.nodeName=${opts.nodeName}`;
-    const list = () => opts.kube.core.listPodForAllNamespaces({ fieldSelector }) as Promise<V1PodList>;
-    this.#informer = new ListWatch<V1Pod>(
+    // The informer relists on 410 and re-opens the watch with backoff by itself
+    // (src/kube/informer.ts); its errors are only logged here.
+    this.#informer = opts.kube.informer<V1Pod>(
       '/api/v1/pods',
-      new Watch(opts.kube.kc),
-      list,
-      false,
-      undefined,
-      fieldSelector,
+      () => opts.kube.core.listPodForAllNamespaces({ fieldSelector }),
+      { fieldSelector },
     );
     const enqueue = (pod: V1Pod) => {
       const key = keyOf(pod);
@@ -100,25 +90,15 @@ export class PodController {
     this.#informer.on('delete', enqueue);
     this.#informer.on('error', (err: unknown) => {
       if (this.#stopped) return;
-      this.#log.warn({ err: apiErrorMessage(err) }, 'pod watch failed; relisting');
-      this.#informerRestart = setTimeout(() => void this.#startInformer(), 1000);
+      this.#log.warn({ err: apiErrorMessage(err) }, 'pod list or watch failed; retrying with backoff');
     });
     this.#queue = new WorkQueue((key) => this.#sync(key), { concurrency: this.#o.workers });
     this.#queue.onError = (key, err, attempt) =>
       this.#log.warn({ pod: key, attempt, err: errText(err) }, 'pod sync failed; retrying with backoff');
   }
 
-  async #startInformer(): Promise<void> {
-    try {
-      await this.#informer.start();
-    } catch (err) {
-      if (this.#stopped) return;
-      this.#log.warn({ err: apiErrorMessage(err) }, 'pod list failed; retrying');
-      this.#informerRestart = setTimeout(() => void this.#startInformer(), 1000);
-    }
-  }
-
-  /** Lists pods, sweeps dangling provider pods, starts the workers and the resync timer. */
+  /** Lists pods (waiting, with retries, until a list succeeds), sweeps dangling provider
+   * pods, starts the workers and the resync timer. */
   async start(): Promise<void> {
     await this.#informer.start();
     this.#synced = true;
@@ -159,11 +139,10 @@ export class PodController {
   async stop(): Promise<void> {
     this.#stopped = true;
     clearInterval(this.#resyncTimer);
-    clearTimeout(this.#informerRestart);
     this.#queue.stop();
     this.#status.stop();
-    await this.#informer.stop().catch(() => {});
-    for (const w of this.#depWatches.values()) await w.stop().catch(() => {});
+    await this.#informer.stop();
+    for (const w of this.#depWatches.values()) await w.stop();
   }
 
   /** Resolves when no sync is queued or running (tests and shutdown). */
@@ -418,18 +397,13 @@ export class PodController {
     const wk = `${resource}/${dep.namespace}`;
     if (this.#depWatches.has(wk)) return;
     const core = this.#o.kube.core;
-    const list = () =>
-      (dep.kind === 'ConfigMap'
+    const list = (): Promise<{ items: (V1ConfigMap | V1Secret)[] }> =>
+      dep.kind === 'ConfigMap'
         ? core.listNamespacedConfigMap({ namespace: dep.namespace })
-        : core.listNamespacedSecret({ namespace: dep.namespace })) as Promise<{
-        items: (V1ConfigMap | V1Secret)[];
-        metadata?: { resourceVersion?: string };
-      }>;
-    const w = new ListWatch<V1ConfigMap | V1Secret>(
-      `/api/v1/namespaces/${dep.namespace}/${resource}`,
-      new Watch(this.#o.kube.kc),
-      list as never,
-      false,
+        : core.listNamespacedSecret({ namespace: dep.namespace });
+    const w = this.#o.kube.informer<V1ConfigMap | V1Secret>(
+      `/api/v1/namespaces/${encodeURIComponent(dep.namespace)}/${resource}`,
+      list,
     );
     const onChange = (obj: V1ConfigMap | V1Secret) => {
       const set = this.#blocked.get(
@@ -439,15 +413,15 @@ export class PodController {
     };
     w.on('add', onChange);
     w.on('update', onChange);
-    w.on('error', () => {
-      if (!this.#stopped) setTimeout(() => void w.start().catch(() => {}), 2000).unref();
+    w.on('error', (err: unknown) => {
+      if (!this.#stopped)
+        this.#log.warn(
+          { err: apiErrorMessage(err), watch: wk },
+          'dependency watch failed; retrying with backoff',
+        );
     });
     this.#depWatches.set(wk, w);
-    void w
-      .start()
-      .catch((err: unknown) =>
-        this.#log.warn({ err: apiErrorMessage(err), watch: wk }, 'dependency watch failed'),
-      );
+    void w.start().catch(() => {}); // rejects only when stopped first
   }
 }
 

@@ -1,7 +1,7 @@
 // A fake Kubernetes client for in-process tests: a real `Kube` (real token buckets, write
 // bounds, timeouts and retry policy) whose CoreV1Api is replaced by a recorder. Every call
-// is recorded with its parameters, the AbortSignal it would hand to fetch (from
-// `withSignal`), the headers its middleware sets and the time it was made; a per-method
+// is recorded with its parameters, the AbortSignal it would hand to the HTTP request (from
+// `withSignal`), the headers its call options set and the time it was made; a per-method
 // handler decides the answer. Without a handler: create* echoes the body with a generated
 // name, patch*/replace* answer the object's name with a new resourceVersion, delete*
 // answers {}, list* answers an empty list, read* answers 404.
@@ -12,29 +12,28 @@
 //   ...
 //   assert.equal(core.callsOf('createNamespacedEvent').length, 1);
 //
-// Watches (ListWatch, Watch) do not go through CoreV1Api: for an informer, start a
+// Watches (the informers of src/kube/informer.ts) do not go through CoreV1Api: start a
 // FakeWatchServer and point the fake at it (`fakeKube({ server: ws.url })`); the list comes
 // from the fake core (e.g. `core.on('listPodForAllNamespaces', ...)`), watch streams stay
 // open and `ws.emit(path, 'MODIFIED', obj)` pushes events into them.
 import { createServer, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { CoreV1Api } from '../../../src/kube/api.ts';
 import {
-  ApiException,
-  type ConfigurationOptions,
-  type CoreV1Api,
-  HttpMethod,
-  KubeConfig,
-  RequestContext,
-} from '@kubernetes/client-node';
-import { Kube, type KubeOptions } from '../../../src/kube/client.ts';
+  ApiError,
+  type CallOptions,
+  type ClusterAccess,
+  Kube,
+  type KubeOptions,
+} from '../../../src/kube/client.ts';
 
 export interface FakeCall {
   method: string;
   // biome-ignore lint/suspicious/noExplicitAny: request parameter objects differ per method
   params: any;
-  /** The signal the request would hand to fetch (set by `withSignal`), if any. */
+  /** The signal the request would hand to the HTTP request (set by `withSignal`), if any. */
   signal: AbortSignal | undefined;
-  /** Headers the call's middleware sets (e.g. the patch Content-Type). */
+  /** Headers the call's options set (e.g. the patch Content-Type). */
   headers: Record<string, string>;
   /** performance.now() when the call was made. */
   at: number;
@@ -72,14 +71,12 @@ export class FakeCoreApi {
   }
 
   // biome-ignore lint/suspicious/noExplicitAny: see FakeHandler
-  async invoke(method: string, params: any, options: ConfigurationOptions | undefined): Promise<unknown> {
-    const ctx = new RequestContext('http://fake.invalid/', HttpMethod.POST);
-    for (const mw of options?.middleware ?? []) await mw.pre(ctx).toPromise();
+  async invoke(method: string, params: any, options: CallOptions | undefined): Promise<unknown> {
     const call: FakeCall = {
       method,
       params,
-      signal: ctx.getSignal(),
-      headers: ctx.getHeaders(),
+      signal: options?.signal,
+      headers: options?.contentType ? { 'Content-Type': options.contentType } : {},
       at: performance.now(),
     };
     this.calls.push(call);
@@ -108,9 +105,9 @@ export class FakeCoreApi {
   }
 }
 
-/** An API error as client-node throws it (apiStatus/apiErrorMessage read it). */
-export function apiError(code: number, message = `HTTP ${code}`): ApiException<{ message: string }> {
-  return new ApiException(code, message, { message }, {});
+/** An API error as the REST client throws it (apiStatus/apiErrorMessage read it). */
+export function apiError(code: number, message = `HTTP ${code}`): ApiError {
+  return new ApiError(code, { kind: 'Status', apiVersion: 'v1', status: 'Failure', message, code });
 }
 
 /** A request that never answers and ignores its signal (a black-holed connection whose
@@ -119,7 +116,7 @@ export function blackHole(): Promise<never> {
   return new Promise<never>(() => {});
 }
 
-/** A request that never answers but is aborted by its signal, as fetch is. */
+/** A request that never answers but is aborted by its signal, as the HTTP request is. */
 export function hangUntilAborted(call: FakeCall): Promise<never> {
   return new Promise<never>((_, reject) => {
     const s = call.signal;
@@ -136,19 +133,12 @@ export function hangUntilAborted(call: FakeCall): Promise<never> {
   });
 }
 
-/** A KubeConfig that points nowhere (port 9 on loopback), for clients that are never used. */
-export function fakeKubeConfig(server = 'http://127.0.0.1:9'): KubeConfig {
-  const kc = new KubeConfig();
-  kc.loadFromOptions({
-    clusters: [{ name: 'fake', server, skipTLSVerify: true }],
-    users: [{ name: 'fake', token: 'fake' }],
-    contexts: [{ name: 'fake', cluster: 'fake', user: 'fake' }],
-    currentContext: 'fake',
-  });
-  return kc;
+/** Cluster access that points nowhere (port 9 on loopback), for clients that are never used. */
+export function fakeKubeConfig(server = 'http://127.0.0.1:9'): ClusterAccess {
+  return { server, insecureSkipTLSVerify: true, token: () => 'fake', source: 'fake' };
 }
 
-export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK';
+export type WatchEventType = 'ADDED' | 'MODIFIED' | 'DELETED' | 'BOOKMARK' | 'ERROR';
 
 export interface FakeWatchServer {
   /** Base URL to use as the cluster server. */
@@ -159,20 +149,34 @@ export interface FakeWatchServer {
   open(path?: string): number;
   /** Sends one watch event to every open watch of `path`. */
   emit(path: string, type: WatchEventType, object: unknown): void;
+  /** Writes raw bytes (partial lines, garbage) to every open watch of `path`. */
+  write(path: string, data: string | Buffer): void;
+  /** Ends every open watch of `path` cleanly (the apiserver's watch timeout). */
+  end(path: string): void;
+  /** Answers the next watch request of `path` with `code` and a Status (e.g. 410 Gone). */
+  rejectNext(path: string, code: number, message?: string): void;
   /** Resolves once `n` watches of `path` are open. */
   waitForWatch(path: string, n?: number, timeoutMs?: number): Promise<void>;
   close(): Promise<void>;
 }
 
 /** An HTTP server that only serves watches: every `?watch=true` GET gets a 200 and an open
- * stream of newline-delimited watch events; anything else is a 404 Status. */
+ * stream of newline-delimited watch events (or the status `rejectNext` asked for); anything
+ * else is a 404 Status. */
 export async function startFakeWatchServer(): Promise<FakeWatchServer> {
   const streams = new Map<ServerResponse, string>();
   const requests: URL[] = [];
+  const rejects = new Map<string, { code: number; message: string }[]>();
   const server = createServer((req, res) => {
     const url = new URL(req.url ?? '/', 'http://fake');
     if (req.method === 'GET' && url.searchParams.get('watch') === 'true') {
       requests.push(url);
+      const reject = rejects.get(url.pathname)?.shift();
+      if (reject) {
+        res.writeHead(reject.code, { 'content-type': 'application/json' });
+        res.end(JSON.stringify({ kind: 'Status', apiVersion: 'v1', status: 'Failure', ...reject }));
+        return;
+      }
       res.writeHead(200, { 'content-type': 'application/json' });
       res.flushHeaders();
       streams.set(res, url.pathname);
@@ -192,6 +196,17 @@ export async function startFakeWatchServer(): Promise<FakeWatchServer> {
     open,
     emit(path, type, object) {
       for (const [res, p] of streams) if (p === path) res.write(`${JSON.stringify({ type, object })}\n`);
+    },
+    write(path, data) {
+      for (const [res, p] of streams) if (p === path) res.write(data);
+    },
+    end(path) {
+      for (const [res, p] of streams) if (p === path) res.end();
+    },
+    rejectNext(path, code, message = `HTTP ${code}`) {
+      const list = rejects.get(path) ?? [];
+      list.push({ code, message });
+      rejects.set(path, list);
     },
     async waitForWatch(path, n = 1, timeoutMs = 5000) {
       const until = performance.now() + timeoutMs;
@@ -234,7 +249,7 @@ export function fakeKube(opts: FakeKubeOptions = {}): FakeKube {
       if (typeof prop !== 'string' || prop in target) return Reflect.get(target, prop, receiver);
       if (prop === 'then') return undefined;
       // biome-ignore lint/suspicious/noExplicitAny: generic method stub
-      return (params: any, options?: ConfigurationOptions) => target.invoke(prop, params, options);
+      return (params: any, options?: CallOptions) => target.invoke(prop, params, options);
     },
   });
   (kube as { core: CoreV1Api }).core = proxy as unknown as CoreV1Api;
