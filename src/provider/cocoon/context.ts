@@ -1,6 +1,6 @@
 // The provider's context: its dependencies and the shared tables every operation works on
 // (tracked records, per-pod queue, orphan index, probes, retry timers), plus the read-only
-// helpers all of them use. The write paths live in publication.ts; records change only
+// helpers all of them use. The write paths live in publication/; records change only
 // through the mutators of state.ts.
 import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';

@@ -2,7 +2,7 @@
 // must see change before it is re-run.
 import type { V1Pod } from '@kubernetes/client-node';
 import { GENERATION, MANAGED, VM_ID, VM_IP } from '../../contract/annotations.ts';
-import { PROVIDER_OWNED_KEYS } from './state.ts';
+import { PROVIDER_OWNED_KEYS } from './record-types.ts';
 
 /** What a create attempt reads from the pod: every annotation but the provider-owned ones
  * and the generation (a bump re-runs a create on its own, a drop does not), the owner

@@ -1,6 +1,6 @@
 // What the provider remembers per pod key, and the only module that changes it: every
 // other module reads a PodRecord (its fields are readonly outside this file) and changes it
-// through the named mutators below.
+// through the named mutators below. The value types a record is made of are in record-types.ts.
 //
 // Everything here is either re-derivable from the apiserver, `cocoon vm list` and the lease
 // file (pod, VM, intent seeded from annotations), or progress keyed by VM ID that may be lost
@@ -9,75 +9,18 @@
 // starts over.
 import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';
-import {
-  LIFECYCLE_OBSERVED_GENERATION,
-  LIFECYCLE_STATE,
-  LIFECYCLE_STATE_MESSAGE,
-  POST_CLONE_ERRORS,
-  POST_CLONE_HINT,
-  POST_CLONE_STATE,
-  VM_ID,
-  VM_IP,
-} from '../../contract/annotations.ts';
 import type { IntentRecord } from '../../lifecycle/intent.ts';
 import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
 import { monoNow } from '../../util/mono-clock.ts';
 import type { VMSpec } from '../../vmspec/decode.ts';
-
-/** In-memory progress of the readiness steps, keyed by the VM ID it was recorded for. */
-export interface Progress {
-  readonly vmId: string;
-  readonly fixupSucceeded: boolean;
-  readonly fixupAttempts: number;
-  readonly sacDone: boolean;
-  readonly ipWaitStartedAt: number | undefined;
-  readonly renewNudgeSent: boolean;
-  /** (reason) of Warning events already emitted for this VM: each is emitted once. */
-  readonly warned: ReadonlySet<string>;
-}
-
-export type JobKind = 'fixup' | 'ipwait';
-
-/** A long step running outside the pod queue (docs/contracts/lifecycle.md, "Cancellation"). It
- * records its outcome and enqueues a reconcile when it settles; it never writes the
- * lifecycle. */
-export interface Job {
-  readonly uid: string;
-  readonly vmId: string;
-  readonly kind: JobKind;
-  /** Monotonic ms. */
-  readonly startedAt: number;
-  readonly hardDeadline: number;
-  readonly abort: AbortController;
-}
-
-/** Why and when the last create failed; decides whether and when it is retried. */
-export interface CreateFailure {
-  /** {@link createInputsKey} of the pod the failed attempt ran for. */
-  readonly inputsKey: string;
-  /** Effective generation of the failed attempt. */
-  readonly generation: bigint;
-  /** Transient failures are retried on a backoff schedule; permanent ones wait for a change. */
-  readonly transient: boolean;
-  readonly attempts: number;
-  /** Monotonic ms of the first failure of this streak (transient give-up bound). */
-  readonly firstAt: number;
-  /** Monotonic ms of the next automatic retry (transient only). */
-  readonly retryAt: number | undefined;
-  readonly message: string;
-}
-
-/** Intermediate state of a bring-up not written yet (docs/decisions.md, "Writes per
- * bring-up"): the next write of the pod carries it, or the grace timer writes it. */
-export interface HeldWrite {
-  /** Provider-owned annotation changes (already on the tracked copy; `null` removes). */
-  readonly annotations: Readonly<Record<string, string | null>>;
-  /** A status change waits too. */
-  readonly status: boolean;
-  /** Monotonic ms of the first held change: the grace counts from here. */
-  readonly since: number;
-  readonly timer: NodeJS.Timeout | undefined;
-}
+import {
+  type CreateFailure,
+  type HeldWrite,
+  type Job,
+  LIFECYCLE_KEYS,
+  type Progress,
+  RUNTIME_KEYS,
+} from './record-types.ts';
 
 export interface PodRecord {
   readonly key: string;
@@ -209,12 +152,6 @@ export function applyAnnotations(rec: PodRecord, changes: Record<string, string 
   }
   m(rec).pod = { ...rec.pod, metadata: { ...rec.pod.metadata, annotations: ann } };
 }
-
-const LIFECYCLE_KEYS = [LIFECYCLE_STATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE_MESSAGE];
-const RUNTIME_KEYS = [VM_ID, VM_IP, POST_CLONE_STATE, POST_CLONE_HINT, POST_CLONE_ERRORS];
-
-/** Annotation keys the provider writes; never part of a pod's create inputs. */
-export const PROVIDER_OWNED_KEYS: readonly string[] = [...LIFECYCLE_KEYS, ...RUNTIME_KEYS];
 
 /** Tracks a newer copy of the pod from the watch while keeping the annotations the
  * provider owns (R6: the intent is written onto every re-tracked copy). Runtime keys of

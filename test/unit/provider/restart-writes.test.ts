@@ -9,7 +9,7 @@ import { afterEach, describe, test } from 'node:test';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { silentLogger } from '../../../src/log.ts';
 import { PodStatusWriter, statusApplied } from '../../../src/pods/status-writer.ts';
-import { PUBLISH_GRACE_MS } from '../../../src/provider/cocoon/publication.ts';
+import { PUBLISH_GRACE_MS } from '../../../src/provider/cocoon/publication/held.ts';
 import type { FakeVm } from '../fakes/cocoon.ts';
 import { fakeKube } from '../fakes/kube.ts';
 import { clonePod, type Harness, harness, until } from './harness.ts';

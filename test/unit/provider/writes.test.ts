@@ -11,7 +11,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { CocoonCommandError } from '../../../src/cocoon/runner.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
-import { PUBLISH_GRACE_MS } from '../../../src/provider/cocoon/publication.ts';
+import { PUBLISH_GRACE_MS } from '../../../src/provider/cocoon/publication/held.ts';
 import { apiError, fakeKube } from '../fakes/kube.ts';
 import { clonePod, type Harness, harness, type PodWrite, until, withAnnotations } from './harness.ts';
 

@@ -8,7 +8,8 @@ import {
   VM_IP,
 } from '../../../contract/annotations.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
-import { hold, holding, patchAnnotations, publish, refreshIp } from '../publication.ts';
+import { hold, holding, patchAnnotations, publish } from '../publication/held.ts';
+import { refreshIp } from '../publication/status.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import {
   annotationsOf,

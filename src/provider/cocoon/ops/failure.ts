@@ -8,7 +8,8 @@ import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { createInputsKey } from '../inputs.ts';
-import { failOp, publish } from '../publication.ts';
+import { publish } from '../publication/held.ts';
+import { failOp } from '../publication/lifecycle.ts';
 import { type PodRecord, setCreateFailure, setStep } from '../state.ts';
 
 /** Transient create failures are retried 10 s, 20 s, … up to every 5 min (like the kubelet's

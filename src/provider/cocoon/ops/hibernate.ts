@@ -2,7 +2,7 @@
 // fails loudly with `HibernateUnsupported` and a `hibernate: ` message, live, at create and
 // at startup alike (docs/decisions.md). Hibernate and wake will live here.
 import type { ProviderContext } from '../context.ts';
-import { failOp } from '../publication.ts';
+import { failOp } from '../publication/lifecycle.ts';
 import type { PodRecord } from '../state.ts';
 import { createFailed } from './failure.ts';
 

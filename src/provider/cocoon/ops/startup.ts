@@ -20,7 +20,8 @@ import { truncateUtf8 } from '../../../util/text.ts';
 import { isClonedBootSpec, type VMSpec } from '../../../vmspec/decode.ts';
 import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
 import { decodeSpec, type ProviderContext } from '../context.ts';
-import { patchAnnotations, publish, refreshIp } from '../publication.ts';
+import { patchAnnotations, publish } from '../publication/held.ts';
+import { refreshIp } from '../publication/status.ts';
 import {
   applyAnnotations,
   bindVm,

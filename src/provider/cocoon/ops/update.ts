@@ -15,7 +15,7 @@ import { echoGeneration } from '../../../lifecycle/intent.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { decodeSpec, generationOf, logFor, type ProviderContext } from '../context.ts';
 import { createInputsKey } from '../inputs.ts';
-import { flushIntent, reassertIfStale, warnOnce } from '../publication.ts';
+import { flushIntent, reassertIfStale, warnOnce } from '../publication/lifecycle.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import { applyAnnotations, retrack, setIntent, setSpec, unbindVm } from '../state.ts';
 import { adoptUnmanaged } from './adopt.ts';

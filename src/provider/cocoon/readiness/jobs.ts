@@ -21,11 +21,10 @@ import { pause } from '../../../util/deadline.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
-import { patchAnnotations } from '../publication.ts';
+import { patchAnnotations } from '../publication/held.ts';
+import type { Job, JobKind } from '../record-types.ts';
 import {
   applyAnnotations,
-  type Job,
-  type JobKind,
   type PodRecord,
   recordProgress,
   setJob,

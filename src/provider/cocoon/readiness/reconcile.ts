@@ -15,16 +15,9 @@ import { isUnflushed } from '../../../lifecycle/intent.ts';
 import { deriveOwedStep, type OwedStep, READY_DEADLINE_REASON } from '../../../lifecycle/owed.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
-import {
-  failOp,
-  flushIntent,
-  hold,
-  patchAnnotations,
-  publish,
-  refreshIp,
-  stageLifecycle,
-  writePod,
-} from '../publication.ts';
+import { hold, patchAnnotations, publish, writePod } from '../publication/held.ts';
+import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
+import { refreshIp } from '../publication/status.ts';
 import {
   annotationsOf,
   applyAnnotations,
