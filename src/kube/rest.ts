@@ -182,19 +182,18 @@ export class RestClient {
         headers['Content-Length'] = String(payload.length);
       }
       const timeoutMs = spec.timeoutMs ?? this.#timeoutMs;
-      let req: ClientRequest;
       let responded = false;
-      const timer = setTimeout(() => req.destroy(new DeadlineError('API request', timeoutMs)), timeoutMs);
-      const fail = (err: unknown) => {
-        clearTimeout(timer);
-        reject(!responded && staleSocket(req, err) ? new StaleSocket(err) : err);
-      };
-      req = (this.#https ? httpsRequest : httpRequest)(this.url(spec.path, spec.query), {
+      const req = (this.#https ? httpsRequest : httpRequest)(this.url(spec.path, spec.query), {
         method: spec.method,
         headers,
         agent: this.#agent,
         signal: spec.signal,
       });
+      const timer = setTimeout(() => req.destroy(new DeadlineError('API request', timeoutMs)), timeoutMs);
+      const fail = (err: unknown) => {
+        clearTimeout(timer);
+        reject(!responded && staleSocket(req, err) ? new StaleSocket(err) : err);
+      };
       req.on('error', fail);
       req.on('response', (res) => {
         responded = true;
@@ -211,6 +210,10 @@ export class RestClient {
           chunks.push(c);
         });
         res.on('error', fail);
+        // A connection that closes before the answer is complete (settles nothing if it was).
+        res.on('close', () => {
+          if (!res.complete) fail(new Error(`API answer of ${spec.method} ${spec.path} was cut off`));
+        });
         res.on('end', () => {
           clearTimeout(timer);
           const code = res.statusCode ?? 0;

@@ -437,3 +437,23 @@ test('TLS: the cluster CA, a client certificate, tls-server-name and insecure-sk
     { cn: null, auth: `Basic ${Buffer.from('u:p').toString('base64')}` },
   );
 });
+
+test('an answer cut off mid-body is an error, not a hang', async (t) => {
+  const server = createServer((_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/json', 'content-length': '100' });
+    res.write('{"items":[');
+    setTimeout(() => res.socket?.destroy(), 20);
+  });
+  await listen(server);
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const rest = new RestClient(access(`http://127.0.0.1:${(server.address() as AddressInfo).port}`));
+  t.after(() => rest.close());
+  const t0 = performance.now();
+  const err = await rest.request({ method: 'GET', path: '/api/v1/pods' }).catch((e: unknown) => e);
+  assert.ok(err instanceof Error, String(err));
+  assert.equal(apiStatus(err), 0);
+  assert.ok(performance.now() - t0 < 2000);
+});
