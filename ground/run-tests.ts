@@ -42,6 +42,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/startup.test.ts': { estimate: 30 },
   'test/integration/bringup.test.ts': { estimate: 30 },
   'test/integration/demo.test.ts': { estimate: 30 },
+  'test/integration/writes.test.ts': { estimate: 25 },
   'test/integration/scheduling.test.ts': { estimate: 20 },
   'test/integration/ground.test.ts': { estimate: 15 },
 };
