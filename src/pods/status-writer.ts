@@ -37,8 +37,9 @@ export class PodStatusWriter implements PodStatusSink {
   readonly #pending = new Map<string, V1Pod>();
   /** Last status written per key (uid + JSON), for de-duplication. */
   readonly #written = new Map<string, { uid: string; json: string }>();
-  /** resourceVersion answered to our last status write per key: a watch-cache copy older
-   * than it does not show that write yet, so it cannot tell that a status is already there. */
+  /** resourceVersion answered to our last status write per key ('' when the answer had
+   * none): a watch-cache copy older than it does not show that write yet, so it cannot tell
+   * that a status is already there. */
   readonly #writtenRV = new Map<string, string>();
   /** The watch cache; until the controller starts, statuses only accumulate. */
   #live: ((key: string) => V1Pod | undefined) | undefined;
@@ -141,8 +142,7 @@ export class PodStatusWriter implements PodStatusSink {
   }
 
   #noteRV(key: string, rv: string | undefined): void {
-    if (rv) this.#writtenRV.set(key, rv);
-    else this.#writtenRV.delete(key);
+    this.#writtenRV.set(key, rv ?? '');
   }
 
   /** The watch-cache copy is at least as new as our last status write of the key (or we
@@ -150,7 +150,7 @@ export class PodStatusWriter implements PodStatusSink {
    * either is not a plain integer the copy is not trusted. */
   #showsOurWrites(key: string, live: V1Pod): boolean {
     const ours = this.#writtenRV.get(key);
-    if (ours === undefined) return !this.#written.has(key);
+    if (ours === undefined) return true;
     const theirs = live.metadata?.resourceVersion ?? '';
     if (!/^\d+$/.test(ours) || !/^\d+$/.test(theirs)) return false;
     return BigInt(theirs) >= BigInt(ours);

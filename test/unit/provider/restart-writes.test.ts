@@ -234,6 +234,11 @@ describe('the status writer compares with the API copy', () => {
     await sleep(20);
     await w.idle();
     assert.equal(fake.core.callsOf('patchNamespacedPodStatus').length, 0);
+    // A resync re-asserting the same status: the API copy still carries it.
+    w.reassert(pod(want));
+    await sleep(20);
+    await w.idle();
+    assert.equal(fake.core.callsOf('patchNamespacedPodStatus').length, 0);
     // Not ready any more: the API copy does not show that.
     w.notify(pod({ ...want, conditions: want.conditions!.map((c) => ({ ...c, status: 'False' })) }));
     await sleep(20);
