@@ -9,6 +9,7 @@
 // memory and writes belong to that size alone (docs/benchmarks.md).
 // However it ends (done, an error, SIGINT/SIGTERM, a crash) every process it started is stopped
 // through its PID registry (ground/proc.ts), the simulator's stand-ins included.
+import { DEFAULT_KUBE_BURST, DEFAULT_KUBE_QPS } from '../src/kube/client.ts';
 import { MAIN_KINDS, otherWrites } from './lib/audit.ts';
 import { type BringUpResult, bringUp } from './lib/bringup.ts';
 import { sumCounts } from './lib/calls.ts';
@@ -52,8 +53,8 @@ function clones(): void {
     console.log('');
     for (const l of machineLines(g, bench)) console.log(l);
     console.log(
-      `settings: zero simulated VM latency, VK_KUBE_QPS=${process.env.VK_KUBE_QPS ?? '20 (default)'}, ` +
-        `VK_KUBE_BURST=${process.env.VK_KUBE_BURST ?? '40 (default)'}`,
+      `settings: zero simulated VM latency, VK_KUBE_QPS=${process.env.VK_KUBE_QPS ?? `${DEFAULT_KUBE_QPS} (default)`}, ` +
+        `VK_KUBE_BURST=${process.env.VK_KUBE_BURST ?? `${DEFAULT_KUBE_BURST} (default)`}`,
     );
     console.log('');
     console.log(table(results));

@@ -36,9 +36,10 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   const kubeletPort = o.kubeletPort ?? (await freePort());
   const metricsPort = await freePort();
   const fd = openSync(o.logFile, 'a');
+  // Started the way a host starts it (bin/vk-cocoon execs node, so the PID is the daemon's).
   const child = spawn(
-    join(repoRoot, 'node_modules', '.bin', 'node'),
-    [join(repoRoot, 'src', 'main.ts'), 'run'],
+    join(repoRoot, 'bin', 'vk-cocoon'),
+    ['run'],
     {
       stdio: ['ignore', fd, fd],
       env: {

@@ -123,6 +123,9 @@ export class Bench {
       VK_NODE_PODS: String(Math.max(256, opts.pods)),
     };
     for (const k of PASS_THROUGH) if (process.env[k]) daemonEnv[k] = process.env[k] as string;
+    // Node flags for the daemon alone, e.g. VK_BENCH_DAEMON_NODE_OPTIONS="--cpu-prof --cpu-prof-dir=/tmp/prof".
+    if (process.env.VK_BENCH_DAEMON_NODE_OPTIONS)
+      daemonEnv.NODE_OPTIONS = process.env.VK_BENCH_DAEMON_NODE_OPTIONS;
     const daemonOpts: DaemonOptions = {
       cluster: g.cluster,
       nodeName: label,
