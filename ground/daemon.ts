@@ -37,34 +37,30 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   const metricsPort = await freePort();
   const fd = openSync(o.logFile, 'a');
   // Started the way a host starts it (bin/vk-cocoon execs node, so the PID is the daemon's).
-  const child = spawn(
-    join(repoRoot, 'bin', 'vk-cocoon'),
-    ['run'],
-    {
-      stdio: ['ignore', fd, fd],
-      env: {
-        PATH: process.env.PATH ?? '/usr/bin:/bin',
-        HOME: process.env.HOME ?? '/root',
-        KUBECONFIG: o.cluster.providerKubeconfig,
-        VK_NODE_NAME: o.nodeName,
-        VK_NODE_IP: '127.0.0.1',
-        VK_KUBELET_PORT: String(kubeletPort),
-        VK_METRICS_ADDR: `127.0.0.1:${metricsPort}`,
-        VK_COCOON_BIN: o.cocoonBin,
-        COCOON_ROOT_DIR: o.rootDir,
-        COCOON_SIM_ROOT: o.rootDir,
-        VK_LEASES_PATH: o.leasesPath,
-        COCOON_SIM_LEASES: o.leasesPath,
-        VK_COCOON_NET_CONTROL_SOCKET: '',
-        VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
-        VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),
-        VK_LOG_LEVEL: 'debug',
-        ...o.env,
-        // The run's PID registry marker: its teardown finds the daemon and everything it starts.
-        ...registryEnv(),
-      },
+  const child = spawn(join(repoRoot, 'bin', 'vk-cocoon'), ['run'], {
+    stdio: ['ignore', fd, fd],
+    env: {
+      PATH: process.env.PATH ?? '/usr/bin:/bin',
+      HOME: process.env.HOME ?? '/root',
+      KUBECONFIG: o.cluster.providerKubeconfig,
+      VK_NODE_NAME: o.nodeName,
+      VK_NODE_IP: '127.0.0.1',
+      VK_KUBELET_PORT: String(kubeletPort),
+      VK_METRICS_ADDR: `127.0.0.1:${metricsPort}`,
+      VK_COCOON_BIN: o.cocoonBin,
+      COCOON_ROOT_DIR: o.rootDir,
+      COCOON_SIM_ROOT: o.rootDir,
+      VK_LEASES_PATH: o.leasesPath,
+      COCOON_SIM_LEASES: o.leasesPath,
+      VK_COCOON_NET_CONTROL_SOCKET: '',
+      VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
+      VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),
+      VK_LOG_LEVEL: 'debug',
+      ...o.env,
+      // The run's PID registry marker: its teardown finds the daemon and everything it starts.
+      ...registryEnv(),
     },
-  );
+  });
   const pid = child.pid ?? 0;
   recordPid(pid, 'vk-cocoon', ['run']);
   let exitCode: number | null | undefined;
