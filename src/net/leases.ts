@@ -99,6 +99,31 @@ export function parseRfc3339(text: string): number | undefined {
 
 const LeaseRowSchema = v.object({ mac: v.string(), ip: v.string(), expiry: v.string() });
 
+/** Parsed rows by their text. Every lease change rewrites the whole file, so a node of N VMs
+ * re-reads N rows per change; nearly all are unchanged, and parsing them again made the
+ * reading O(N²) over a burst (the third cost in the 200-pod profile, docs/benchmarks.md).
+ * Bounded: cleared when it grows past ROW_CACHE_MAX (a few rows per live VM). */
+const rowCache = new Map<string, Lease | null>();
+const ROW_CACHE_MAX = 16_384;
+
+function parseRow(row: unknown): Lease | null {
+  const parsed = v.safeParse(LeaseRowSchema, row);
+  if (!parsed.success) return null;
+  const { mac: rawMac, ip, expiry } = parsed.output;
+  const key = `${rawMac}\n${ip}\n${expiry}`;
+  const hit = rowCache.get(key);
+  if (hit !== undefined) return hit;
+  const mac = normalizeMac(rawMac);
+  const expiresAtMs = parseRfc3339(expiry);
+  const lease =
+    mac === undefined || expiresAtMs === undefined || isIP(ip) === 0
+      ? null
+      : Object.freeze({ mac, ip, expiresAtMs });
+  if (rowCache.size >= ROW_CACHE_MAX) rowCache.clear();
+  rowCache.set(key, lease);
+  return lease;
+}
+
 /**
  * Parses the lease file text (docs/contracts/cocoon-cli.md "Format"–docs/contracts/cocoon-cli.md "Reader rules"). Empty text, `null` and `[]` mean no
  * lease. Rows with a malformed MAC, IP or expiry are skipped. Text that is not JSON, or JSON
@@ -116,12 +141,8 @@ export function parseLeaseFile(text: string): LeaseSnapshot {
   if (!Array.isArray(json)) return { ok: false, error: 'lease file: expected a JSON array or null' };
   const leases: Lease[] = [];
   for (const row of json) {
-    const parsed = v.safeParse(LeaseRowSchema, row);
-    if (!parsed.success) continue;
-    const mac = normalizeMac(parsed.output.mac);
-    const expiresAtMs = parseRfc3339(parsed.output.expiry);
-    if (mac === undefined || expiresAtMs === undefined || isIP(parsed.output.ip) === 0) continue;
-    leases.push({ mac, ip: parsed.output.ip, expiresAtMs });
+    const lease = parseRow(row);
+    if (lease) leases.push(lease);
   }
   return { ok: true, leases };
 }

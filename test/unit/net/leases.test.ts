@@ -272,3 +272,25 @@ describe('LeaseFile (cached reader)', () => {
     });
   });
 });
+
+describe('parseLeaseFile row cache', () => {
+  it('a row re-read unchanged parses the same, and any changed field is parsed anew', () => {
+    const row = (expiry: string, ip = '10.0.0.9', mac = 'AA-BB-CC-DD-EE-0F') => ({ mac, ip, expiry });
+    const first = parseLeaseFile(JSON.stringify([row('2030-01-01T00:00:00Z')]));
+    const again = parseLeaseFile(JSON.stringify([row('2030-01-01T00:00:00Z')]));
+    assert.deepEqual(again, first);
+    assert.deepEqual(first, {
+      ok: true,
+      leases: [{ mac: 'aa:bb:cc:dd:ee:0f', ip: '10.0.0.9', expiresAtMs: Date.UTC(2030, 0, 1) }],
+    });
+    const renewed = parseLeaseFile(JSON.stringify([row('2030-01-02T00:00:00Z')]));
+    assert.ok(renewed.ok && renewed.leases[0]?.expiresAtMs === Date.UTC(2030, 0, 2));
+    const moved = parseLeaseFile(JSON.stringify([row('2030-01-02T00:00:00Z', '10.0.0.10')]));
+    assert.ok(moved.ok && moved.leases[0]?.ip === '10.0.0.10');
+    // A malformed row stays skipped when it is read again.
+    for (let i = 0; i < 2; i++) {
+      const bad = parseLeaseFile(JSON.stringify([row('2030-02-30T00:00:00Z')]));
+      assert.deepEqual(bad, { ok: true, leases: [] });
+    }
+  });
+});
