@@ -54,13 +54,7 @@ async function writeWithStatus(
     if (rv !== undefined) setLastWriteRV(rec, rv);
     return 'ok';
   } catch (err) {
-    const code = apiStatus(err);
-    if (code === 404 || code === 409 || code === 422) return 'superseded';
-    logFor(ctx, rec).warn(
-      { err: apiErrorMessage(err), keys: Object.keys(annotations) },
-      'status write failed; will retry',
-    );
-    return 'failed';
+    return failedWrite(ctx, rec, err, annotations, 'status write failed; will retry');
   }
 }
 
@@ -82,12 +76,21 @@ async function annotationPatch(
     logFor(ctx, rec).debug({ annotations: Object.keys(annotations) }, 'annotations written');
     return 'ok';
   } catch (err) {
-    const code = apiStatus(err);
-    if (code === 404 || code === 409 || code === 422) return 'superseded';
-    logFor(ctx, rec).warn(
-      { err: apiErrorMessage(err), keys: Object.keys(annotations) },
-      'annotation patch failed; will retry on the next tick',
-    );
-    return 'failed';
+    return failedWrite(ctx, rec, err, annotations, 'annotation patch failed; will retry on the next tick');
   }
+}
+
+/** 404/409/422 mean another incarnation owns the name now (docs/contracts/lifecycle.md R2):
+ * superseded; anything else is logged and retried. */
+function failedWrite(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  err: unknown,
+  annotations: Record<string, string | null>,
+  message: string,
+): PatchOutcome {
+  const code = apiStatus(err);
+  if (code === 404 || code === 409 || code === 422) return 'superseded';
+  logFor(ctx, rec).warn({ err: apiErrorMessage(err), keys: Object.keys(annotations) }, message);
+  return 'failed';
 }
