@@ -2,79 +2,17 @@
 // the kubelet server: client CA, requestCert, rejectUnauthorized false): a client certificate
 // from another CA is answered 401 and logged once per (subject, issuer) with the subject and
 // issuer seen and the CA expected; anonymous callers and verified certificates are not.
-import 'reflect-metadata';
 import assert from 'node:assert/strict';
-import { webcrypto } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { createServer, request, type Server } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { Writable } from 'node:stream';
 import { after, before, test } from 'node:test';
-import * as x509 from '@peculiar/x509';
 import type { Kube } from '../../../src/kube/client.ts';
 import { CLIENT_CERT_REJECTED, KubeletAuthorizer } from '../../../src/kubelet/auth.ts';
 import { bundleSubjects, oneLineName } from '../../../src/kubelet/tls.ts';
 import { createLogger } from '../../../src/log.ts';
-
-x509.cryptoProvider.set(webcrypto as never);
-const alg = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' };
-
-interface Pair {
-  cert: string;
-  key: string;
-  keys: webcrypto.CryptoKeyPair;
-  x: x509.X509Certificate;
-}
-
-async function pem(keys: webcrypto.CryptoKeyPair, x: x509.X509Certificate): Promise<Pair> {
-  const pkcs8 = Buffer.from(await webcrypto.subtle.exportKey('pkcs8', keys.privateKey)).toString('base64');
-  const key = `-----BEGIN PRIVATE KEY-----\n${pkcs8.replace(/(.{64})/g, '$1\n').trimEnd()}\n-----END PRIVATE KEY-----\n`;
-  return { cert: x.toString('pem'), key, keys, x };
-}
-
-const newKeys = async () =>
-  (await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
-const validity = { notBefore: new Date(Date.now() - 60_000), notAfter: new Date(Date.now() + 86_400_000) };
-
-async function makeCa(name: string): Promise<Pair> {
-  const keys = await newKeys();
-  const x = await x509.X509CertificateGenerator.createSelfSigned({
-    serialNumber: '01',
-    name,
-    ...validity,
-    keys,
-    signingAlgorithm: alg,
-    extensions: [
-      new x509.BasicConstraintsExtension(true, undefined, true),
-      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign, true),
-    ],
-  });
-  return await pem(keys, x);
-}
-
-async function issue(ca: Pair, subject: string, usage: 'client' | 'server'): Promise<Pair> {
-  const keys = await newKeys();
-  const x = await x509.X509CertificateGenerator.create({
-    serialNumber: String(Math.floor(Math.random() * 1e9)),
-    subject,
-    issuer: ca.x.subject,
-    ...validity,
-    publicKey: keys.publicKey,
-    signingKey: ca.keys.privateKey,
-    signingAlgorithm: alg,
-    extensions: [
-      new x509.BasicConstraintsExtension(false, undefined, true),
-      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
-      new x509.ExtendedKeyUsageExtension([
-        usage === 'client' ? x509.ExtendedKeyUsage.clientAuth : x509.ExtendedKeyUsage.serverAuth,
-      ]),
-      ...(usage === 'server'
-        ? [new x509.SubjectAlternativeNameExtension([{ type: 'ip', value: '127.0.0.1' }])]
-        : []),
-    ],
-  });
-  return await pem(keys, x);
-}
+import { issue, makeCa, type Pair } from '../fakes/pki.ts';
 
 let clusterCa: Pair;
 let trusted: Pair;
@@ -87,7 +25,7 @@ const lines: Record<string, unknown>[] = [];
 before(async () => {
   clusterCa = await makeCa('CN=cluster-ca');
   const rogueCa = await makeCa('CN=rogue-ca');
-  const serving = await issue(clusterCa, 'CN=kubelet', 'server');
+  const serving = await issue(clusterCa, 'CN=kubelet', 'server', [{ type: 'ip', value: '127.0.0.1' }]);
   trusted = await issue(clusterCa, 'O=system:masters, CN=kube-apiserver-kubelet-client', 'client');
   rogue = await issue(rogueCa, 'O=system:masters, CN=rogue', 'client');
   rogueOther = await issue(rogueCa, 'CN=rogue-2', 'client');

@@ -4,15 +4,12 @@
 // errors carry the HTTP status and the apiserver's Status message (apiStatus /
 // apiErrorMessage); timeouts, aborts, the stale keep-alive retry; TLS with a cluster CA, a
 // client certificate, tls-server-name and insecure-skip-tls-verify.
-import 'reflect-metadata';
 import assert from 'node:assert/strict';
-import { webcrypto } from 'node:crypto';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import type { TLSSocket } from 'node:tls';
-import * as x509 from '@peculiar/x509';
 import {
   ApiError,
   apiErrorMessage,
@@ -27,6 +24,7 @@ import type { ClusterAccess } from '../../../src/kube/kubeconfig.ts';
 import { RestClient } from '../../../src/kube/rest.ts';
 import { MicroTime } from '../../../src/node/heartbeat.ts';
 import { DeadlineError } from '../../../src/util/deadline.ts';
+import { issue, makeCa } from '../fakes/pki.ts';
 
 interface Seen {
   method: string;
@@ -318,67 +316,10 @@ test('a request that meets a keep-alive socket the server has closed is sent onc
 
 // ---- TLS ------------------------------------------------------------------------------------
 
-x509.cryptoProvider.set(webcrypto as never);
-const alg = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' };
-const validity = { notBefore: new Date(Date.now() - 60_000), notAfter: new Date(Date.now() + 86_400_000) };
-interface Pair {
-  cert: string;
-  key: string;
-  keys: webcrypto.CryptoKeyPair;
-  x: x509.X509Certificate;
-}
-
-async function pair(keys: webcrypto.CryptoKeyPair, x: x509.X509Certificate): Promise<Pair> {
-  const pkcs8 = Buffer.from(await webcrypto.subtle.exportKey('pkcs8', keys.privateKey)).toString('base64');
-  const key = `-----BEGIN PRIVATE KEY-----\n${pkcs8.replace(/(.{64})/g, '$1\n').trimEnd()}\n-----END PRIVATE KEY-----\n`;
-  return { cert: x.toString('pem'), key, keys, x };
-}
-
-const newKeys = async () =>
-  (await webcrypto.subtle.generateKey(alg, true, ['sign', 'verify'])) as webcrypto.CryptoKeyPair;
-
-async function makeCa(name: string): Promise<Pair> {
-  const keys = await newKeys();
-  const x = await x509.X509CertificateGenerator.createSelfSigned({
-    serialNumber: '01',
-    name,
-    ...validity,
-    keys,
-    signingAlgorithm: alg,
-    extensions: [
-      new x509.BasicConstraintsExtension(true, undefined, true),
-      new x509.KeyUsagesExtension(x509.KeyUsageFlags.keyCertSign | x509.KeyUsageFlags.cRLSign, true),
-    ],
-  });
-  return await pair(keys, x);
-}
-
-async function issue(ca: Pair, subject: string, usage: 'client' | 'server', dns?: string): Promise<Pair> {
-  const keys = await newKeys();
-  const x = await x509.X509CertificateGenerator.create({
-    serialNumber: String(Math.floor(Math.random() * 1e9)),
-    subject,
-    issuer: ca.x.subject,
-    ...validity,
-    publicKey: keys.publicKey,
-    signingKey: ca.keys.privateKey,
-    signingAlgorithm: alg,
-    extensions: [
-      new x509.BasicConstraintsExtension(false, undefined, true),
-      new x509.KeyUsagesExtension(x509.KeyUsageFlags.digitalSignature, true),
-      new x509.ExtendedKeyUsageExtension([
-        usage === 'client' ? x509.ExtendedKeyUsage.clientAuth : x509.ExtendedKeyUsage.serverAuth,
-      ]),
-      ...(dns ? [new x509.SubjectAlternativeNameExtension([{ type: 'dns', value: dns }])] : []),
-    ],
-  });
-  return await pair(keys, x);
-}
-
 test('TLS: the cluster CA, a client certificate, tls-server-name and insecure-skip-tls-verify', async (t) => {
   const ca = await makeCa('CN=cluster-ca');
   const other = await makeCa('CN=other-ca');
-  const serving = await issue(ca, 'CN=apiserver', 'server', 'api.internal');
+  const serving = await issue(ca, 'CN=apiserver', 'server', [{ type: 'dns', value: 'api.internal' }]);
   const client = await issue(ca, 'O=system:nodes, CN=vk-cocoon', 'client');
   const server = createHttpsServer(
     { cert: serving.cert, key: serving.key, ca: ca.cert, requestCert: true, rejectUnauthorized: false },
