@@ -344,6 +344,22 @@ export class SimRoot {
   }
 
   /**
+   * Writes `text` and a NUL at offset 0 of the VM's COW disk (`cocoon __sim disk-write`): a
+   * marker in the guest's disk that snapshot save/export/import and clones carry along.
+   */
+  async diskWrite(vm: string, text: string): Promise<void> {
+    const r = await this.run(['__sim', 'disk-write', vm, '--', text]);
+    if (r.code !== 0) throw new Error(`__sim disk-write ${vm}: ${r.stderr.trim()}`);
+  }
+
+  /** The text at offset 0 of the VM's COW disk up to the first NUL ('' when none). */
+  async diskRead(vm: string): Promise<string> {
+    const r = await this.run(['__sim', 'disk-read', vm]);
+    if (r.code !== 0) throw new Error(`__sim disk-read ${vm}: ${r.stderr.trim()}`);
+    return r.stdout.endsWith('\n') ? r.stdout.slice(0, -1) : r.stdout;
+  }
+
+  /**
    * Installs a symlink named `cocoon` to the simulator (the thin client when built, else
    * bin/cocoon-sim) into `dir` (default `<dir>/bin`, which exists already) and returns its
    * path: the value for VK_COCOON_BIN.

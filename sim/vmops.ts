@@ -12,6 +12,7 @@ import {
   updateVmDb,
   type VmRecord,
 } from './db.ts';
+import { restoreDisk } from './disk.ts';
 import { dhcpSync, type GuestNic, type GuestState, removeGuest, writeGuest } from './guest.ts';
 import { dhcpPolicy, type Knobs } from './knobs.ts';
 import { readJson, updateJson } from './lock.ts';
@@ -142,24 +143,31 @@ function sparse(file: string, size: number): void {
   }
 }
 
-/** Creates the run dir with the placeholder files of cocoon-cli.md §6. */
+/**
+ * Creates the run dir with the files of cocoon-cli.md §6. The disks (COW disk, cidata) are
+ * sparse copies of the same-named files in `source` (the snapshot's data dir of a clone) when
+ * it has them with a non-zero size, else empty placeholders (sim/disk.ts).
+ */
 export function prepareRunDir(
   root: string,
   dir: BackendDir,
   vm: VmRecord,
   imageType: string,
   cloned: boolean,
+  source?: string,
 ): void {
   const rd = runDir(root, dir, vm.id);
   fs.mkdirSync(rd, { recursive: true });
   fs.mkdirSync(logDir(root, dir, vm.id), { recursive: true });
   fs.writeFileSync(path.join(rd, 'api.sock'), '');
   fs.writeFileSync(path.join(rd, 'vsock.uds'), '');
+  const disk = (f: string, size: number) =>
+    restoreDisk(source === undefined ? undefined : path.join(source, f), path.join(rd, f), size);
   if (imageType === 'cloudimg') {
-    sparse(path.join(rd, 'overlay.qcow2'), 196_608);
-    if (!vm.config.windows) sparse(path.join(rd, 'cidata.img'), 372_736);
+    disk('overlay.qcow2', 196_608);
+    if (!vm.config.windows) disk('cidata.img', 372_736);
   } else {
-    sparse(path.join(rd, 'cow.raw'), vm.config.storage ?? 10 * GiB);
+    disk('cow.raw', vm.config.storage ?? 10 * GiB);
   }
   if (dir === 'firecracker') {
     fs.writeFileSync(path.join(rd, 'console.sock'), '');

@@ -20,7 +20,7 @@ import { readGuest } from '../guest.ts';
 import { io, serverInfo } from '../io.ts';
 import { loadKnobs } from '../knobs.ts';
 import { formatExpiry, grantIn, leaseOptions, releaseIn, updateLeases } from '../leases.ts';
-import { BACKENDS, leasesFile, simDir } from '../paths.ts';
+import { BACKENDS, leasesFile, runDir, simDir } from '../paths.ts';
 import { killTracked, killTrackedAll, listTracked, trackedAlive } from '../pids.ts';
 import { isAlive, killGroup } from '../proc.ts';
 import { addUse } from '../snapuse.ts';
@@ -39,6 +39,8 @@ const USAGE = `Usage: cocoon __sim <action> ...
   release-lease <mac>                drop the MAC's lease (what cocoon-net's DELETE does)
   grant-lease <mac> [--ip <ip>]      write a lease for any MAC
   guest <vm>                         print the simulated guest state
+  disk-write <vm> [--] <text>        write <text> + NUL at offset 0 of the VM's COW disk
+  disk-read <vm>                     print the text at offset 0 of the COW disk (up to the NUL)
   kill-all                           kill every process the simulator started in this root
   server                             the serving simulator server ({"server":null} in process mode)
 `;
@@ -61,6 +63,20 @@ function holder(root: string, label: string): { pid: number; start: number } {
   if (!pid) throw new CliError('could not start a holder process');
   const start = Number(fs.readFileSync(`/proc/${pid}/stat`, 'latin1').split(') ')[1]?.split(' ')[19]);
   return { pid, start };
+}
+
+/** Longest text `disk-read` returns (and `disk-write` accepts, with its NUL). */
+const MARKER_MAX = 4096;
+
+/** The VM's COW disk: overlay.qcow2 (cloud image) or cow.raw (OCI) in its run dir. */
+function cowDisk(root: string, ref: string): string {
+  const { dir, vm } = mustFindVm(root, ref);
+  const rd = runDir(root, dir, vm.id);
+  for (const f of ['overlay.qcow2', 'cow.raw']) {
+    const file = path.join(rd, f);
+    if (fs.statSync(file, { throwIfNoEntry: false })?.isFile()) return file;
+  }
+  throw new CliError(`vm ${vm.id} has no COW disk (state: ${vm.state})`);
 }
 
 function print(value: unknown): void {
@@ -245,6 +261,35 @@ export async function runSimAction(root: string, argv: string[], env: NodeJS.Pro
       const p = parseArgs(spec('guest', [], 1, 1), rest);
       const { vm } = mustFindVm(root, p.args[0] as string);
       print(readGuest(root, vm.id) ?? null);
+      return 0;
+    }
+    case 'disk-write': {
+      const p = parseArgs(spec('disk-write', [], 2, 2), rest);
+      const file = cowDisk(root, p.args[0] as string);
+      const data = Buffer.from(`${p.args[1] as string}\0`, 'utf8');
+      if (data.length > MARKER_MAX)
+        throw new CliError(`disk-write: text longer than ${MARKER_MAX - 1} bytes`);
+      const fd = fs.openSync(file, 'r+');
+      try {
+        fs.writeSync(fd, data, 0, data.length, 0);
+      } finally {
+        fs.closeSync(fd);
+      }
+      return 0;
+    }
+    case 'disk-read': {
+      const p = parseArgs(spec('disk-read', [], 1, 1), rest);
+      const file = cowDisk(root, p.args[0] as string);
+      const buf = Buffer.alloc(MARKER_MAX);
+      const fd = fs.openSync(file, 'r');
+      let n: number;
+      try {
+        n = fs.readSync(fd, buf, 0, MARKER_MAX, 0);
+      } finally {
+        fs.closeSync(fd);
+      }
+      const nul = buf.subarray(0, n).indexOf(0);
+      io().stdout.write(`${buf.subarray(0, nul < 0 ? n : nul).toString('utf8')}\n`);
       return 0;
     }
     case 'server': {

@@ -3,7 +3,7 @@
 // but blocking the name: "already in use by <ID>"), then do the work, then commit.
 import fs from 'node:fs';
 import path from 'node:path';
-import type { Readable } from 'node:stream';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { type CommandSpec, type Parsed, str } from '../cli.ts';
 import type { Ctx, Verb } from '../ctx.ts';
@@ -20,6 +20,15 @@ import {
   type SnapshotRecord,
   updateSnapDb,
 } from '../db.ts';
+import {
+  copySparse,
+  decodeSparseMap,
+  encodeSparseMap,
+  planExport,
+  readSegments,
+  type Segment,
+  SegmentWriter,
+} from '../disk.ts';
 import { CliError } from '../errors.ts';
 import { io } from '../io.ts';
 import { ownerFile, runDir, snapDataDir } from '../paths.ts';
@@ -32,6 +41,8 @@ const spec = (p: string, usage: string, flags: CommandSpec['flags'], minArgs: nu
 /** PAX records cocoon uses for sparse disk files in snapshot archives (registry.md §4). */
 const SPARSE_SIZE = 'COCOON.sparse.size';
 const SPARSE_MAP = 'COCOON.sparse.map';
+/** The disk files of a run dir a snapshot keeps (with their content). */
+const DISKS = ['cow.raw', 'overlay.qcow2', 'cidata.img'] as const;
 
 function checkSnapshotName(name: string): void {
   if (!SNAPSHOT_NAME_RE.test(name)) {
@@ -121,15 +132,11 @@ async function save(ctx: Ctx, p: Parsed): Promise<number> {
     fs.writeFileSync(path.join(data, 'config.json'), JSON.stringify(vm, null, 2));
     fs.writeFileSync(path.join(data, 'state.json'), JSON.stringify({ vm: vm.id, saved_at: nowIso() }));
     fs.writeFileSync(path.join(data, 'memory-range-0'), '');
+    // The guest's disks keep their content (data copied, holes kept: sim/disk.ts).
     const rd = runDir(ctx.root, dir, vm.id);
-    for (const f of ['cow.raw', 'overlay.qcow2', 'cidata.img']) {
+    for (const f of DISKS) {
       const src = path.join(rd, f);
-      if (fs.existsSync(src)) {
-        const size = fs.statSync(src).size;
-        const fd = fs.openSync(path.join(data, f), 'w');
-        fs.ftruncateSync(fd, size);
-        fs.closeSync(fd);
-      }
+      if (fs.existsSync(src)) copySparse(src, path.join(data, f));
     }
   } catch (e) {
     dropSnapshot(ctx.root, rec.id);
@@ -260,11 +267,30 @@ async function importSnapshot(ctx: Ctx, p: Parsed): Promise<number> {
         }
         const target = path.join(data, rel);
         fs.mkdirSync(path.dirname(target), { recursive: true });
-        await pipeline(entry, fs.createWriteStream(target, { mode: (h.mode ?? 0o640) & 0o777 }));
-        const sparseSize = Number((h.pax as Record<string, string> | undefined)?.[SPARSE_SIZE]);
-        if (Number.isSafeInteger(sparseSize) && sparseSize > fs.statSync(target).size) {
-          fs.truncateSync(target, sparseSize);
+        const mode = (h.mode ?? 0o640) & 0o777;
+        const pax = (h.pax ?? {}) as Record<string, string>;
+        const sparseSize = Number(pax[SPARSE_SIZE]);
+        const sized = pax[SPARSE_SIZE] !== undefined && Number.isSafeInteger(sparseSize) && sparseSize >= 0;
+        let segments: Segment[] | undefined;
+        if (pax[SPARSE_MAP] !== undefined && sized) {
+          try {
+            segments = decodeSparseMap(pax[SPARSE_MAP], sparseSize, h.size ?? 0);
+          } catch (e) {
+            throw new CliError(`invalid ${SPARSE_MAP} for ${rel}: ${(e as Error).message}`);
+          }
         }
+        if (segments) {
+          // A sparse entry: its data is the data segments, written back at their offsets.
+          const file = openOnce(ctx, target, 'w', mode);
+          const writer = new SegmentWriter(file.fd, segments);
+          for await (const c of entry) writer.write(c as Buffer);
+          fs.ftruncateSync(file.fd, sparseSize);
+          file.close();
+          continue;
+        }
+        // A plain entry (or a map that is not JSON: opaque, its data lands from offset 0).
+        await pipeline(entry, fs.createWriteStream(target, { mode }));
+        if (sized && sparseSize > fs.statSync(target).size) fs.truncateSync(target, sparseSize);
       }
     })();
     // Count stdin bytes; sniff gzip from the first two bytes.
@@ -385,29 +411,41 @@ async function exportSnapshot(ctx: Ctx, p: Parsed): Promise<number> {
     const mtime = new Date();
     pack.entry({ name: 'snapshot.json', mode: 0o644, mtime }, JSON.stringify(envelope));
     const files = fs.existsSync(data) ? listFiles(data) : [];
+    const pause = () => ctx.io.gate(new Promise<void>((r) => setImmediate(r)));
     for (const rel of files) {
       const full = path.join(data, rel);
       const st = fs.statSync(full);
-      if (st.size > 0 && st.blocks === 0) {
-        // An all-hole placeholder disk: no data, the apparent size travels in cocoon's PAX records.
-        pack.entry(
-          {
-            name: rel,
-            size: 0,
-            mode: st.mode & 0o777,
-            mtime,
-            pax: { [SPARSE_SIZE]: String(st.size), [SPARSE_MAP]: '[]' },
-          },
-          Buffer.alloc(0),
+      const plan = await planExport(full, pause);
+      const header = { name: rel, mode: st.mode & 0o777, mtime };
+      if (plan.sparse) {
+        // cocoon's sparse entry: only the data segments travel; the PAX records say where they
+        // go and the apparent size (an all-hole disk: size 0, map []).
+        const dataSize = plan.segments.reduce((n, [, len]) => n + len, 0);
+        const file = openOnce(ctx, full, 'r');
+        await ctx.io.gate(
+          new Promise<void>((resolve, reject) => {
+            const entry = pack.entry(
+              {
+                ...header,
+                size: dataSize,
+                pax: { [SPARSE_SIZE]: String(plan.size), [SPARSE_MAP]: encodeSparseMap(plan.segments) },
+              },
+              (err) => (err ? reject(err) : resolve()),
+            );
+            Readable.from(readSegments(file.fd, plan.segments), { objectMode: false })
+              .on('error', reject)
+              .pipe(entry);
+          }),
         );
+        file.close();
         continue;
       }
-      await new Promise<void>((resolve, reject) => {
-        const entry = pack.entry({ name: rel, size: st.size, mode: st.mode & 0o777, mtime }, (err) =>
-          err ? reject(err) : resolve(),
-        );
-        fs.createReadStream(full).on('error', reject).pipe(entry);
-      });
+      await ctx.io.gate(
+        new Promise<void>((resolve, reject) => {
+          const entry = pack.entry({ ...header, size: plan.size }, (err) => (err ? reject(err) : resolve()));
+          fs.createReadStream(full).on('error', reject).pipe(entry);
+        }),
+      );
     }
     pack.finalize();
     await piping;
@@ -415,6 +453,22 @@ async function exportSnapshot(ctx: Ctx, p: Parsed): Promise<number> {
     releaseSnapshotUse(ctx.root, snap.id, 'export');
   }
   return 0;
+}
+
+/**
+ * Opens `file` and closes it once: by `close()`, or when the invocation ends however it ends
+ * (a server request abandoned by a killed caller runs no finally).
+ */
+function openOnce(ctx: Ctx, file: string, flags: string, mode?: number): { fd: number; close(): void } {
+  const fd = fs.openSync(file, flags, mode);
+  let open = true;
+  const close = () => {
+    if (!open) return;
+    open = false;
+    fs.closeSync(fd);
+  };
+  ctx.io.defer(close);
+  return { fd, close };
 }
 
 function listFiles(dir: string, prefix = ''): string[] {

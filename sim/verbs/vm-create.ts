@@ -300,7 +300,7 @@ async function clone(ctx: Ctx, p: Parsed): Promise<number> {
       vm.socket_path = path.join(runDir(ctx.root, dir, vm.id), 'api.sock');
       vm.vsock_socket = path.join(runDir(ctx.root, dir, vm.id), 'vsock.uds');
       vm.first_booted = true;
-      prepareRunDir(ctx.root, dir, vm, imageType, true);
+      prepareRunDir(ctx.root, dir, vm, imageType, true, source.dataDir);
       const pid = startStandin(ctx.root, dir, vm, {
         knobs: ctx.knobs,
         leasesPath: ctx.leasesPath,

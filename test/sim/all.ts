@@ -10,5 +10,6 @@ describe('cocoon simulator', { concurrency: 2 }, async () => {
   await import('./guest-dhcp.test.ts');
   await import('./concurrency.test.ts');
   await import('./faults-snapshots.test.ts');
+  await import('./disk-content.test.ts');
   await import('./server.test.ts');
 });
