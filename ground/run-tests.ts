@@ -38,6 +38,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/teardown.test.ts': { estimate: 80 },
   sim: { estimate: 70 },
   'test/integration/registry-pull.test.ts': { estimate: 45 },
+  'test/integration/registry-push.test.ts': { estimate: 15 },
   unit: { estimate: 40 },
   'test/integration/startup.test.ts': { estimate: 30 },
   'test/integration/bringup.test.ts': { estimate: 30 },

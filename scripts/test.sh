@@ -11,6 +11,7 @@ bash scripts/setup.sh
 export PATH="$root/node_modules/.bin:$PATH"
 node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
 echo "kubernetes: $(head -1 "$(bash scripts/testbin.sh 2>/dev/null)/VERSION")"
+VK_CRANE_BIN="$(bash scripts/cranebin.sh | tail -1)/crane"; export VK_CRANE_BIN; echo "crane: $("$VK_CRANE_BIN" version) (registry conformance client, scripts/cranebin.sh)"
 if [ $# -gt 0 ]; then
   exec node ground/run-tests.ts "$@"
 fi

@@ -284,9 +284,10 @@ export interface SnapshotManifest {
 
 /**
  * A title that is safe as a tar entry name in the snapshot directory: one path component,
- * not `.`/`..`, no NUL, and not `snapshot.json` (the envelope's own name).
+ * not `.`/`..`, no NUL, and not `snapshot.json` (the envelope's own name). The writer
+ * (artifact-write.ts) applies the same rule to the files it exports.
  */
-function titleProblem(title: string): string | undefined {
+export function titleProblem(title: string): string | undefined {
   if (title === '') return 'is empty';
   if (
     title === '.' ||

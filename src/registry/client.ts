@@ -1,6 +1,9 @@
 /**
- * OCI distribution client, read path (docs/registry.md "Transport and errors", docs/registry.md "Distribution API subset", docs/registry.md "Authentication"): ping, manifest HEAD/GET
- * (with the mandatory Accept header and index resolution), verified streaming blob GET.
+ * OCI distribution client (docs/registry.md "Transport and errors", docs/registry.md "Distribution API subset", docs/registry.md "Authentication").
+ * Read path: ping, manifest HEAD/GET (with the mandatory Accept header and index resolution),
+ * verified streaming blob GET. Write path (docs/registry.md "Push flow"): blob HEAD, blob upload
+ * (POST, then one PUT for a small blob, or PATCH chunks streamed from a file and a final PUT;
+ * 416 restarts the upload), manifest PUT, and manifest DELETE with the tag ⇒ digest fallback.
  *
  * Transport: node:http/https over HTTP/1.1 with a keep-alive pool of up to 32 idle sockets per
  * host (`maxFreeSockets`), chosen over the global fetch because it exposes exactly that pool
@@ -9,17 +12,19 @@
  *
  * Auth: anonymous first; a 401 challenge selects Bearer (token per repository and action set,
  * cached until shortly before expiry, fetched with Basic credentials when a source has them)
- * or Basic. Every request goes through {@link RegistryClient.request}, which already takes a
- * method, the action set (`pull` / `pull,push`) and an optional body, so the write verbs of the
- * next tier (blob upload, manifest PUT/DELETE) are thin methods on top of it.
+ * or Basic. Every request goes through {@link RegistryClient.request}, which takes a method, the
+ * action set (`pull` for reads, `pull,push` for uploads and manifest PUT, `pull,push,delete` for
+ * DELETE) and an optional replayable body: a buffer, or a {@link StreamBody} opened afresh for
+ * each send, so a layer is streamed from its file and never held in memory.
  *
  * "Absent" (404 on a manifest) is a result value; everything else that is not a success is a
  * {@link RegistryError}.
  */
 import { createHash, type Hash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
 import http, { type IncomingMessage } from 'node:http';
 import https from 'node:https';
-import { type Readable, Transform, type TransformCallback } from 'node:stream';
+import { Readable, Transform, type TransformCallback } from 'node:stream';
 import type { Logger } from '../log.ts';
 import { silentLogger } from '../log.ts';
 import { VERSION } from '../version.ts';
@@ -45,6 +50,7 @@ import { type CredentialSource, defaultCredentialSources, lookupCredential } fro
 import {
   blobPath,
   displayReference,
+  isDigest,
   manifestPath,
   parseRegistryBase,
   type Reference,
@@ -125,11 +131,45 @@ export interface RegistryRequest {
   readonly actions?: readonly string[];
   readonly headers?: Readonly<Record<string, string>>;
   /** A replayable body (sent again after a 401 challenge). */
-  readonly body?: Buffer;
+  readonly body?: Buffer | StreamBody;
   /** Follow 301/302/303/307/308 (blob GET), dropping `Authorization` for other hosts. */
   readonly followRedirects?: boolean;
   readonly signal?: AbortSignal;
 }
+
+/**
+ * A request body streamed from somewhere else (a spooled layer file): `open` is called once per
+ * send (again after a 401 challenge) and must yield exactly `length` bytes.
+ */
+export interface StreamBody {
+  readonly length: number;
+  readonly open: () => Readable;
+}
+
+/** A blob to upload: in memory (the config) or a file on disk (a spooled layer). */
+export type BlobSource =
+  | { readonly digest: string; readonly size: number; readonly bytes: Buffer }
+  | { readonly digest: string; readonly size: number; readonly file: string };
+
+export interface UploadOptions {
+  /** Blobs larger than this go up in PATCH chunks of this size (default 64 MiB). */
+  readonly chunkBytes?: number;
+  readonly signal?: AbortSignal;
+  /** Bytes the registry accepted (after each chunk or the whole PUT); negative on a restart. */
+  readonly onBytes?: (n: number) => void;
+}
+
+/** Default PATCH chunk (docs/registry.md "Distribution API subset": 64 MiB). */
+export const DEFAULT_CHUNK_BYTES = 64 * 1024 * 1024;
+/** Times an upload is started over after a 416 (or a Range the client did not expect). */
+const MAX_UPLOAD_RESTARTS = 3;
+const PULL: readonly string[] = ['pull'];
+const PUSH: readonly string[] = ['pull', 'push'];
+/** distribution maps DELETE to the `delete` action of the token scope. */
+const DELETE: readonly string[] = ['pull', 'push', 'delete'];
+
+/** A 416 or an unexpected upload offset: the upload session is started over. */
+class UploadRestart extends Error {}
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
 const MAX_REDIRECTS = 5;
@@ -239,6 +279,12 @@ class VerifyingStream extends Transform {
     }
     cb();
   }
+}
+
+/** `length` bytes of a file from `start` (a chunk or a whole spooled layer). */
+function fileRange(file: string, start: number, length: number): Readable {
+  if (length === 0) return Readable.from([]);
+  return createReadStream(file, { start, end: start + length - 1, highWaterMark: 1024 * 1024 });
 }
 
 export class RegistryClient {
@@ -402,12 +448,288 @@ export class RegistryClient {
     return Buffer.concat(chunks);
   }
 
+  // --- Write path (docs/registry.md "Push flow") ------------------------------------------
+
+  /**
+   * `HEAD` a blob: true when the repository has it, false on 404 (the push then uploads it).
+   * Asks for the push scope: its only use is deciding what a push uploads, so one token serves
+   * the whole push.
+   */
+  async headBlob(name: string, digest: string, signal?: AbortSignal): Promise<boolean> {
+    const what = `HEAD blob ${digest} of ${name}`;
+    const res = await this.request({
+      method: 'HEAD',
+      repository: name,
+      path: blobPath(name, digest),
+      actions: PUSH,
+      followRedirects: true,
+      signal,
+    });
+    if (res.statusCode === 404) {
+      drain(res);
+      return false;
+    }
+    if (res.statusCode !== 200) throw await this.#statusError(res, what);
+    drain(res);
+    return true;
+  }
+
+  /**
+   * Uploads a blob (docs/registry.md "Distribution API subset"): `POST /v2/<name>/blobs/uploads/`
+   * ⇒ 202 + `Location`; a blob of at most `chunkBytes` (or one in memory) then goes up as a
+   * single `PUT <location>?digest=<d>` with the body; a larger file as `PATCH` chunks
+   * (`Content-Range: <start>-<end>`, each streamed from the file) and a final body-less `PUT`.
+   * A 416, or a `Range` that disagrees with what was sent, starts the upload over (at most 3
+   * times). `Location` may be relative or absolute; its query string is kept.
+   */
+  async uploadBlob(name: string, blob: BlobSource, opts: UploadOptions = {}): Promise<void> {
+    const chunk = Math.max(1, Math.floor(opts.chunkBytes ?? DEFAULT_CHUNK_BYTES));
+    for (let restarts = 0; ; restarts++) {
+      let accepted = 0;
+      const onBytes = (n: number) => {
+        accepted += n;
+        opts.onBytes?.(n);
+      };
+      try {
+        if ('bytes' in blob || blob.size <= chunk) await this.#uploadWhole(name, blob, opts.signal, onBytes);
+        else await this.#uploadChunked(name, blob, chunk, opts.signal, onBytes);
+        return;
+      } catch (error) {
+        if (!(error instanceof UploadRestart)) throw error;
+        if (accepted !== 0) opts.onBytes?.(-accepted);
+        if (restarts >= MAX_UPLOAD_RESTARTS) {
+          throw new RegistryError(
+            'http',
+            `upload of blob ${blob.digest} to ${name}: ${error.message}; gave up after ${restarts + 1} attempts`,
+            { status: 416 },
+          );
+        }
+        this.#log.info(
+          { digest: blob.digest, repository: name, why: error.message },
+          'restarting blob upload',
+        );
+      }
+    }
+  }
+
+  /** `PUT` a manifest under a tag; resolves with the digest of the exact bytes sent. */
+  async putManifest(
+    name: string,
+    tag: string,
+    bytes: Buffer,
+    mediaType: string,
+    signal?: AbortSignal,
+  ): Promise<string> {
+    const ref: Reference = { kind: 'tag', value: tag };
+    const what = `PUT ${this.display(name, ref)}`;
+    const res = await this.request({
+      method: 'PUT',
+      repository: name,
+      path: manifestPath(name, ref),
+      actions: PUSH,
+      headers: { 'content-type': mediaType },
+      body: bytes,
+      signal,
+    });
+    if (res.statusCode !== 201 && res.statusCode !== 200) throw await this.#statusError(res, what);
+    drain(res);
+    const digest = `sha256:${createHash('sha256').update(bytes).digest('hex')}`;
+    const echoed = res.headers['docker-content-digest'];
+    if (typeof echoed === 'string' && echoed !== '' && echoed !== digest) {
+      throw new RegistryError(
+        'integrity',
+        `${what}: the registry stored ${echoed}, the bytes sent hash to ${digest}`,
+      );
+    }
+    return digest;
+  }
+
+  /**
+   * `DELETE` a manifest (docs/registry.md "Tag delete"): 202 ⇒ `'deleted'`, 404 ⇒ `'absent'`. A
+   * registry that refuses to delete by tag (405, or 400 as CNCF distribution does) gets the tag
+   * resolved with `HEAD` and the manifest deleted by digest — which removes every tag of that
+   * manifest in the repository.
+   */
+  async deleteManifest(name: string, ref: Reference, signal?: AbortSignal): Promise<'deleted' | 'absent'> {
+    const first = await this.#deleteOnce(name, ref, signal);
+    if (first !== 'refused') return first;
+    if (ref.kind === 'digest') {
+      throw new RegistryError('http', `DELETE ${this.display(name, ref)}: refused by the registry`, {
+        status: 405,
+      });
+    }
+    const head = await this.headManifest(name, ref, signal);
+    if (head === 'absent') return 'absent';
+    let digest = head.digest;
+    if (!isDigest(digest)) {
+      // No Docker-Content-Digest on HEAD: hash the manifest itself.
+      const got = await this.getManifest(name, ref, signal);
+      if (got === 'absent') return 'absent';
+      digest = got.indexDigest ?? got.digest;
+    }
+    this.#log.debug({ repository: name, tag: ref.value, digest }, 'tag delete refused; deleting by digest');
+    const second = await this.#deleteOnce(name, { kind: 'digest', value: digest }, signal);
+    if (second === 'refused') {
+      throw new RegistryError(
+        'http',
+        `DELETE ${this.display(name, { kind: 'digest', value: digest })}: refused by the registry`,
+        {
+          status: 405,
+        },
+      );
+    }
+    return second;
+  }
+
+  async #deleteOnce(
+    name: string,
+    ref: Reference,
+    signal: AbortSignal | undefined,
+  ): Promise<'deleted' | 'absent' | 'refused'> {
+    const res = await this.request({
+      method: 'DELETE',
+      repository: name,
+      path: manifestPath(name, ref),
+      actions: DELETE,
+      headers: { accept: MANIFEST_ACCEPT },
+      signal,
+    });
+    const status = res.statusCode ?? 0;
+    if (status === 202 || status === 200 || status === 204) {
+      drain(res);
+      return 'deleted';
+    }
+    if (status === 404) {
+      drain(res);
+      return 'absent';
+    }
+    if (ref.kind === 'tag' && (status === 405 || status === 400)) {
+      drain(res);
+      return 'refused';
+    }
+    throw await this.#statusError(res, `DELETE ${this.display(name, ref)}`);
+  }
+
+  /** `POST /v2/<name>/blobs/uploads/` ⇒ the absolute upload URL. */
+  async #startUpload(name: string, signal: AbortSignal | undefined): Promise<URL> {
+    const path = `/v2/${name}/blobs/uploads/`;
+    const res = await this.request({ method: 'POST', repository: name, path, actions: PUSH, signal });
+    if (res.statusCode !== 202) throw await this.#statusError(res, `POST ${path}`);
+    drain(res);
+    return this.#location(res, new URL(path, this.#origin), `POST ${path}`);
+  }
+
+  /** The `Location` of an upload answer, resolved against the request URL. */
+  #location(res: IncomingMessage, current: URL, what: string): URL {
+    const location = res.headers.location;
+    if (location === undefined || location === '') {
+      throw new RegistryError('http', `${what}: answer ${res.statusCode} without Location`, {
+        status: res.statusCode,
+      });
+    }
+    const url = new URL(location, current);
+    if (url.host !== this.base.host || url.protocol !== `${this.base.scheme}:`) {
+      throw new RegistryError(
+        'http',
+        `${what}: upload location ${url.protocol}//${url.host} is not the registry`,
+      );
+    }
+    return url;
+  }
+
+  /** The upload URL with `digest=` added, keeping whatever query the registry put there. */
+  #withDigest(url: URL, digest: string): string {
+    const query = url.search.length > 1 ? `${url.search}&` : '?';
+    return `${url.origin}${url.pathname}${query}digest=${encodeURIComponent(digest)}`;
+  }
+
+  async #finishUpload(
+    name: string,
+    location: URL,
+    blob: BlobSource,
+    body: Buffer | StreamBody | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<void> {
+    const what = `PUT blob ${blob.digest} of ${name}`;
+    const headers: Record<string, string> = body ? { 'content-type': 'application/octet-stream' } : {};
+    const res = await this.request({
+      method: 'PUT',
+      repository: name,
+      path: this.#withDigest(location, blob.digest),
+      actions: PUSH,
+      headers,
+      body,
+      signal,
+    });
+    if (res.statusCode === 416) {
+      drain(res);
+      throw new UploadRestart('416 on the final PUT');
+    }
+    if (res.statusCode !== 201 && res.statusCode !== 204) throw await this.#statusError(res, what);
+    drain(res);
+    const echoed = res.headers['docker-content-digest'];
+    if (typeof echoed === 'string' && echoed !== '' && echoed !== blob.digest) {
+      throw new RegistryError('integrity', `${what}: the registry stored ${echoed}`);
+    }
+  }
+
+  async #uploadWhole(
+    name: string,
+    blob: BlobSource,
+    signal: AbortSignal | undefined,
+    onBytes: (n: number) => void,
+  ): Promise<void> {
+    const location = await this.#startUpload(name, signal);
+    const body: Buffer | StreamBody =
+      'bytes' in blob ? blob.bytes : { length: blob.size, open: () => fileRange(blob.file, 0, blob.size) };
+    await this.#finishUpload(name, location, blob, body, signal);
+    onBytes(blob.size);
+  }
+
+  async #uploadChunked(
+    name: string,
+    blob: Extract<BlobSource, { file: string }>,
+    chunk: number,
+    signal: AbortSignal | undefined,
+    onBytes: (n: number) => void,
+  ): Promise<void> {
+    let location = await this.#startUpload(name, signal);
+    for (let offset = 0; offset < blob.size; ) {
+      const end = Math.min(blob.size, offset + chunk) - 1;
+      const what = `PATCH blob ${blob.digest} of ${name} bytes ${offset}-${end}`;
+      const start = offset;
+      const res = await this.request({
+        method: 'PATCH',
+        repository: name,
+        path: location.href,
+        actions: PUSH,
+        headers: { 'content-type': 'application/octet-stream', 'content-range': `${start}-${end}` },
+        body: { length: end - start + 1, open: () => fileRange(blob.file, start, end - start + 1) },
+        signal,
+      });
+      if (res.statusCode === 416) {
+        drain(res);
+        throw new UploadRestart(`416 on ${what}`);
+      }
+      if (res.statusCode !== 202 && res.statusCode !== 204) throw await this.#statusError(res, what);
+      drain(res);
+      const range = /^(?:bytes=)?0-(\d+)$/.exec(String(res.headers.range ?? '').trim());
+      if (range && Number(range[1]) !== end) {
+        throw new UploadRestart(`${what}: the registry has bytes 0-${range[1]}`);
+      }
+      location = res.headers.location ? this.#location(res, location, what) : location;
+      onBytes(end - start + 1);
+      offset = end + 1;
+    }
+    await this.#finishUpload(name, location, blob, undefined, signal);
+  }
+
   /**
    * Sends one request with auth (anonymous or cached credentials first; one retry after a 401
    * challenge) and, when asked, redirects. The caller owns the response body.
    */
   async request(req: RegistryRequest): Promise<IncomingMessage> {
-    const actions = req.actions ?? ['pull'];
+    const actions = req.actions ?? PULL;
     const url = new URL(req.path, this.#origin);
     if (url.host !== this.base.host)
       throw new RegistryError('invalid', `request URL ${url.href} is not on the registry host`);
@@ -596,13 +918,17 @@ export class RegistryClient {
     return token;
   }
 
-  /** One HTTP/1.1 exchange; resolves with the response head. */
+  /**
+   * One HTTP/1.1 exchange; resolves with the response head. A {@link StreamBody} is piped with
+   * backpressure (never buffered whole); a write method without a body sends
+   * `Content-Length: 0` rather than chunked encoding.
+   */
   #send(
     url: URL,
     method: string,
     headers: Readonly<Record<string, string>>,
     signal: AbortSignal | undefined,
-    body: Buffer | undefined,
+    body: Buffer | StreamBody | undefined,
   ): Promise<IncomingMessage> {
     const what = `${method} ${url.host}${url.pathname}`;
     return new Promise((resolve, reject) => {
@@ -611,9 +937,10 @@ export class RegistryClient {
         return;
       }
       const isHttps = url.protocol === 'https:';
+      const length = body !== undefined ? body.length : method === 'GET' || method === 'HEAD' ? undefined : 0;
       const options: http.RequestOptions = {
         method,
-        headers: body ? { ...headers, 'content-length': String(body.length) } : headers,
+        headers: length === undefined ? headers : { ...headers, 'content-length': String(length) },
         agent: isHttps ? this.#httpsAgent : this.#httpAgent,
         signal,
       };
@@ -622,7 +949,20 @@ export class RegistryClient {
         req.destroy(new RegistryError('network', `${what}: no data for ${this.#idleTimeoutMs} ms`));
       });
       req.on('error', (error) => reject(networkError(what, error)));
-      req.end(body);
+      if (body === undefined || Buffer.isBuffer(body)) {
+        req.end(body);
+        return;
+      }
+      let source: Readable;
+      try {
+        source = body.open();
+      } catch (error) {
+        req.destroy(error as Error);
+        return;
+      }
+      source.on('error', (error) => req.destroy(error));
+      req.on('close', () => source.destroy());
+      source.pipe(req);
     });
   }
 

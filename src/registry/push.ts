@@ -1,0 +1,585 @@
+/**
+ * Snapshot push (docs/registry.md "Push flow"), tag delete (docs/registry.md "Tag delete") and
+ * the identity read (docs/registry.md "Identity read").
+ *
+ * 1. `cocoon snapshot export <name> -o -`; the tar is read as it streams.
+ * 2. `snapshot.json` ⇒ the envelope (checked at once). Every other regular file is spooled to a
+ *    temporary file while it is hashed (the digest is needed before the upload), then — in the
+ *    background, at most `concurrency` at a time — `HEAD`ed and uploaded only when missing; its
+ *    spool file is removed as soon as it is up.
+ * 3. The tar ends and the export exits 0; any failure (export, tar, upload) aborts here,
+ *    without a manifest.
+ * 4. The config blob (if missing), then the manifest `PUT` — last, so "the tag exists" means
+ *    "the snapshot is complete".
+ * 5. Hibernate only: the same manifest is put again with `cocoonstack.snapshot.from-node`.
+ *
+ * Memory stays bounded whatever the snapshot size: the tar is consumed with backpressure,
+ * layers go to disk and are uploaded from the file (PATCH chunks streamed by range). The spool
+ * directory is removed in every outcome, abort included.
+ */
+import { createHash } from 'node:crypto';
+import { createWriteStream } from 'node:fs';
+import { mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Transform, type TransformCallback } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import tar from 'tar-stream';
+import { snapshotExportArgv } from '../cocoon/argv.ts';
+import { formatJsonVerbError } from '../cocoon/errors.ts';
+import type { CocoonCli } from '../cocoon/runner.ts';
+import { type Logger, silentLogger } from '../log.ts';
+import { delay } from '../util/deadline.ts';
+import {
+  layerMediaType,
+  MAX_CONFIG_BYTES,
+  MEDIA_TYPE,
+  parseSnapshotConfig,
+  type SnapshotFileInfo,
+  validateSnapshotManifest,
+} from './artifact.ts';
+import {
+  ANNOTATION,
+  buildSnapshotManifest,
+  checkCallerAnnotations,
+  type ExportEnvelope,
+  exportEntryTitle,
+  exportedFileInfo,
+  MAX_ENVELOPE_BYTES,
+  parseExportEnvelope,
+  snapshotConfigFromEnvelope,
+  type WrittenLayer,
+} from './artifact-write.ts';
+import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError } from './client.ts';
+import { parseReference, type Reference } from './reference.ts';
+
+const MiB = 1024 * 1024;
+/** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
+export const DEFAULT_PUSH_CONCURRENCY = 8;
+/** Tail of the export's stderr kept for the error message. */
+const STDERR_TAIL = 8 * 1024;
+/** How long a failed tar stream waits for the export to exit and say why. */
+const EXIT_GRACE_MS = 2000;
+
+/** The export's tar is not what a snapshot export must be (our verdict, not a stream failure). */
+class ExportFormatError extends Error {}
+
+export type PushPhase = 'export' | 'upload' | 'config' | 'manifest';
+
+/** A push that failed; `phase` says where (no manifest was written unless it is `manifest`'s re-put). */
+export class SnapshotPushError extends Error {
+  override readonly name = 'SnapshotPushError';
+  readonly phase: PushPhase;
+
+  constructor(phase: PushPhase, message: string, opts: { cause?: unknown } = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.phase = phase;
+  }
+}
+
+export interface PushSnapshotOptions {
+  readonly registry: RegistryClient;
+  readonly cli: CocoonCli;
+  /** Local cocoon snapshot to export. */
+  readonly localName: string;
+  /** Registry-relative repository (the VM name), resolved under the `OCI_REGISTRY` path. */
+  readonly repo: string;
+  /** `hibernate` or `latest`. */
+  readonly tag: string;
+  /** ⇒ `cocoonstack.snapshot.baseimage` (`''` omits it). */
+  readonly baseImage: string;
+  /** Hibernate: re-put the manifest with `cocoonstack.snapshot.from-node` (step 5). */
+  readonly fromNode?: string;
+  /** Caller annotations, merged last; keys starting with `cocoonstack.` are refused. */
+  readonly annotations?: Readonly<Record<string, string>>;
+  /** Parent of the spool directory (default the OS temp dir). */
+  readonly spoolDir?: string;
+  /** Parallel layer uploads (default 8). */
+  readonly concurrency?: number;
+  /** PATCH chunk in MiB (default 64). */
+  readonly chunkMiB?: number;
+  readonly signal?: AbortSignal;
+  readonly log?: Logger;
+  /** Progress log cadence (default 5 s). */
+  readonly progressIntervalMs?: number;
+}
+
+export interface PushResult {
+  /** Digest of the manifest now under the tag (the from-node re-put, when there was one). */
+  digest: string;
+  snapshotId: string;
+  /** Layer bytes plus the config blob. */
+  bytes: number;
+  /** Bytes actually uploaded (blobs the registry lacked). */
+  uploadedBytes: number;
+  seconds: number;
+}
+
+/** One exported file, spooled and hashed. */
+interface SpooledLayer extends WrittenLayer {
+  readonly file: string;
+  readonly info: SnapshotFileInfo;
+}
+
+/** Pushes the local snapshot `localName` to `<repo>:<tag>`. */
+export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResult> {
+  const { registry, cli, localName, repo, tag } = opts;
+  const started = performance.now();
+  let name: string;
+  let ref: Reference;
+  try {
+    name = registry.repository(repo);
+    ref = parseReference(tag);
+    if (ref.kind !== 'tag') throw new Error(`a push needs a tag, not the digest ${tag}`);
+  } catch (error) {
+    throw new SnapshotPushError('manifest', `push ${repo}:${tag}: ${(error as Error).message}`, {
+      cause: error,
+    });
+  }
+  const display = registry.display(name, ref);
+  const fail = (phase: PushPhase, message: string, cause?: unknown) =>
+    new SnapshotPushError(phase, `push ${display}: ${message}`, { cause });
+  const annotations = checkCallerAnnotations(opts.annotations);
+  if (!annotations.ok) throw fail('manifest', annotations.error);
+  const log = (opts.log ?? silentLogger).child({ snapshot: localName, ref: display });
+
+  const abort = new AbortController();
+  const signal = opts.signal ? AbortSignal.any([abort.signal, opts.signal]) : abort.signal;
+  let first: { phase: PushPhase; error: unknown } | undefined;
+  const failWith = (phase: PushPhase, error: unknown) => {
+    if (first === undefined) first = { phase, error };
+    abort.abort(error);
+  };
+  const progress = new PushProgress();
+  const timer = setInterval(
+    () => log.info(progress.fields(), 'snapshot push: progress'),
+    opts.progressIntervalMs ?? 5000,
+  );
+  timer.unref();
+  const spool = await mkdtemp(join(opts.spoolDir ?? tmpdir(), 'vk-push-')).catch((error: unknown) => {
+    clearInterval(timer);
+    throw fail('export', `spool directory: ${(error as Error).message}`, error);
+  });
+  log.info({ spool }, 'snapshot push: exporting');
+  try {
+    // 1–3. Export, spool, upload the layers.
+    const uploader = new LayerUploader({
+      registry,
+      name,
+      concurrency: Math.max(1, Math.floor(opts.concurrency ?? DEFAULT_PUSH_CONCURRENCY)),
+      chunkBytes: opts.chunkMiB !== undefined ? Math.max(1, opts.chunkMiB) * MiB : DEFAULT_CHUNK_BYTES,
+      signal,
+      progress,
+      onError: (error) => failWith('upload', error),
+    });
+    let exported: { envelope: ExportEnvelope; layers: SpooledLayer[] } | undefined;
+    try {
+      exported = await exportLayers({ cli, localName, spool, signal, uploader, progress, log });
+    } catch (error) {
+      failWith('export', error);
+    }
+    await uploader.settled();
+    if (first !== undefined || exported === undefined) {
+      throw fail(first?.phase ?? 'export', describeCause(first?.error, opts.signal), first?.error);
+    }
+    const { envelope, layers } = exported;
+
+    // 4. Config blob, then the manifest.
+    const files: Record<string, SnapshotFileInfo> = {};
+    for (const l of layers) files[l.title] = l.info;
+    const config = snapshotConfigFromEnvelope(envelope, files);
+    if (!config.ok) throw fail('export', config.error);
+    const configDigest = `sha256:${createHash('sha256').update(config.value).digest('hex')}`;
+    let uploadedBytes = progress.uploadedBytes;
+    try {
+      if (!(await registry.headBlob(name, configDigest, signal))) {
+        await registry.uploadBlob(
+          name,
+          { digest: configDigest, size: config.value.length, bytes: config.value },
+          { signal },
+        );
+        uploadedBytes += config.value.length;
+      }
+    } catch (error) {
+      throw fail('config', `config blob ${configDigest}: ${describeCause(error, opts.signal)}`, error);
+    }
+    const created = new Date();
+    const manifestInput = {
+      config: { digest: configDigest, size: config.value.length },
+      layers: layers.map(({ title, mediaType, digest, size }) => ({ title, mediaType, digest, size })),
+      created,
+      baseImage: opts.baseImage,
+      annotations: annotations.value,
+    };
+    const putManifest = async (bytes: Buffer, what: string): Promise<string> => {
+      try {
+        return await registry.putManifest(name, ref.value, bytes, MEDIA_TYPE.ociManifest, signal);
+      } catch (error) {
+        if (error instanceof RegistryError && error.status !== undefined) {
+          const code = error.code ? ` ${error.code}` : '';
+          throw fail('manifest', `${what} refused: ${error.status}${code} (${error.message})`, error);
+        }
+        throw fail('manifest', `${what} failed: ${describeCause(error, opts.signal)}`, error);
+      }
+    };
+    let digest = await putManifest(buildSnapshotManifest(manifestInput), 'manifest PUT');
+    log.info({ digest, snapshotId: envelope.id }, 'snapshot push: manifest written');
+
+    // 5. Hibernate: the same manifest again, stamped with the node that pushed it.
+    if (opts.fromNode !== undefined && opts.fromNode !== '') {
+      digest = await putManifest(
+        buildSnapshotManifest({ ...manifestInput, fromNode: opts.fromNode }),
+        `manifest re-put with ${ANNOTATION.fromNode}`,
+      );
+    }
+    const seconds = (performance.now() - started) / 1000;
+    const bytes = layers.reduce((sum, l) => sum + l.size, 0) + config.value.length;
+    log.info(
+      {
+        digest,
+        snapshotId: envelope.id,
+        layers: layers.length,
+        bytes,
+        uploadedBytes,
+        seconds: Math.round(seconds * 10) / 10,
+        mibPerSecond: rate(bytes, seconds),
+      },
+      'snapshot push: done',
+    );
+    return { digest, snapshotId: envelope.id, bytes, uploadedBytes, seconds };
+  } catch (error) {
+    log.warn({ err: (error as Error).message, ...progress.fields() }, 'snapshot push failed');
+    throw error;
+  } finally {
+    clearInterval(timer);
+    abort.abort(new Error('push finished'));
+    await rm(spool, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Deletes `<repo>:<tag>` (rollback of a failed hibernate, docs/registry.md "Tag delete"):
+ * `'deleted'`, or `'absent'` when there was nothing to delete. Any other outcome throws
+ * {@link RegistryError}.
+ */
+export async function deleteSnapshotTag(
+  registry: RegistryClient,
+  repo: string,
+  tag: string,
+  signal?: AbortSignal,
+): Promise<'deleted' | 'absent'> {
+  const name = registry.repository(repo);
+  const ref = parseReference(tag);
+  return await registry.deleteManifest(name, ref, signal);
+}
+
+/** What identifies a pushed snapshot (docs/registry.md "Identity read"). */
+export interface SnapshotIdentity {
+  /** Digest of the manifest under the tag. */
+  digest: string;
+  /** The config's `snapshotId`. */
+  snapshotId: string;
+  /** `cocoonstack.snapshot.baseimage` (`''` when absent). */
+  baseImage: string;
+  /** `cocoonstack.snapshot.from-node` (`''` when absent). */
+  fromNode: string;
+}
+
+/**
+ * Reads the manifest (GET, index resolved) and config of `repo:tag`: `'absent'` on 404; throws
+ * {@link RegistryError} on any other failure — unreachable registry, 5xx, a document that is
+ * not a valid v1 snapshot — so a caller never mistakes "cannot tell" for "not there".
+ */
+export async function readSnapshotIdentity(
+  registry: RegistryClient,
+  repo: string,
+  tag: string,
+  signal?: AbortSignal,
+): Promise<SnapshotIdentity | 'absent'> {
+  const name = registry.repository(repo);
+  const ref = parseReference(tag);
+  const display = registry.display(name, ref);
+  const fetched = await registry.getManifest(name, ref, signal);
+  if (fetched === 'absent') return 'absent';
+  const manifest = validateSnapshotManifest(fetched.document);
+  if (!manifest.ok) throw new RegistryError('invalid', `${display}: ${manifest.error}`);
+  const configBytes = await registry.getBlobBytes(name, manifest.value.config, MAX_CONFIG_BYTES, signal);
+  const config = parseSnapshotConfig(configBytes, manifest.value);
+  if (!config.ok) throw new RegistryError('invalid', `${display}: ${config.error}`);
+  const a = manifest.value.annotations;
+  return {
+    digest: fetched.digest,
+    snapshotId: config.value.snapshotId,
+    baseImage: a[ANNOTATION.baseImage] ?? '',
+    fromNode: a[ANNOTATION.fromNode] ?? '',
+  };
+}
+
+// --- Export ---------------------------------------------------------------------------------
+
+interface ExportOptions {
+  readonly cli: CocoonCli;
+  readonly localName: string;
+  readonly spool: string;
+  readonly signal: AbortSignal;
+  readonly uploader: LayerUploader;
+  readonly progress: PushProgress;
+  readonly log: Logger;
+}
+
+/**
+ * Runs `snapshot export <name> -o -` and reads its tar: the envelope, and every regular file
+ * spooled, hashed and handed to the uploader. Resolves once the tar ended and the export exited
+ * 0; rejects (the export killed) on anything else.
+ */
+async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelope; layers: SpooledLayer[] }> {
+  const argv = snapshotExportArgv(o.localName);
+  const child = o.cli.spawn(argv, { signal: o.signal });
+  let stderr = '';
+  child.stderr?.setEncoding('utf8');
+  child.stderr?.on('data', (text: string) => {
+    stderr = (stderr + text).slice(-STDERR_TAIL);
+  });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; error?: Error }>(
+    (resolve) => {
+      child.once('error', (error) => resolve({ code: null, signal: null, error }));
+      child.once('close', (code, sig) => resolve({ code, signal: sig }));
+    },
+  );
+  const exitError = async (): Promise<Error | undefined> => {
+    const exit = await exited;
+    if (exit.error) return new Error(`cocoon snapshot export: ${exit.error.message}`);
+    if (exit.code === 0) return undefined;
+    return new Error(`cocoon snapshot export ${o.localName}: ${formatJsonVerbError(exit, stderr)}`);
+  };
+  const stdout = child.stdout;
+  if (!stdout) throw new Error('cocoon snapshot export: no stdout');
+  const extract = tar.extract();
+  const feeding = pipeline(stdout, extract, { signal: o.signal });
+  feeding.catch(() => {}); // observed below
+  let envelope: ExportEnvelope | undefined;
+  const layers: SpooledLayer[] = [];
+  const titles = new Set<string>();
+  try {
+    for await (const entry of extract) {
+      o.signal.throwIfAborted();
+      const h = entry.header;
+      const bare = h.name.replace(/^(\.\/)+/, '');
+      if (bare === 'snapshot.json' && (h.type === 'file' || h.type === 'contiguous-file')) {
+        if (envelope !== undefined) throw new ExportFormatError('export tar: two snapshot.json entries');
+        const body = await readCapped(entry, MAX_ENVELOPE_BYTES);
+        const parsed = parseExportEnvelope(body);
+        if (!parsed.ok) throw new ExportFormatError(`export tar: ${parsed.error}`);
+        const check = snapshotConfigFromEnvelope(parsed.value, {});
+        if (!check.ok) throw new ExportFormatError(`export tar: ${check.error}`);
+        envelope = parsed.value;
+        o.log.debug({ snapshotId: envelope.id }, 'snapshot push: envelope read');
+        continue;
+      }
+      if (h.type !== 'file' && h.type !== 'contiguous-file') {
+        o.log.debug({ entry: h.name, type: h.type }, 'snapshot push: skipping a non-file tar entry');
+        entry.resume();
+        continue;
+      }
+      const title = exportEntryTitle(h.name);
+      if (!title.ok) throw new ExportFormatError(`export tar: ${title.error}`);
+      if (titles.has(title.value))
+        throw new ExportFormatError(`export tar: two entries named ${JSON.stringify(title.value)}`);
+      titles.add(title.value);
+      const file = join(o.spool, String(layers.length));
+      o.progress.file = title.value;
+      const hashing = new Hashing((n) => o.progress.spooled(n));
+      await pipeline(entry, hashing, createWriteStream(file, { flags: 'wx', mode: 0o600 }), {
+        signal: o.signal,
+      });
+      const layer: SpooledLayer = {
+        title: title.value,
+        mediaType: layerMediaType(title.value),
+        digest: hashing.digest(),
+        size: hashing.size,
+        file,
+        info: exportedFileInfo(h.mode, hashing.size, h.pax as Record<string, string> | null | undefined),
+      };
+      layers.push(layer);
+      o.uploader.add(layer);
+    }
+    await feeding;
+  } catch (error) {
+    // A broken stream is usually the symptom of the export failing: report the export's own
+    // error when it exits non-zero soon. Our own verdicts on the tar stand as they are. Either
+    // way the caller aborts the push, which kills the export.
+    child.stdout?.destroy();
+    if (error instanceof ExportFormatError || o.signal.aborted) throw error;
+    const own = await Promise.race([exitError(), delay(EXIT_GRACE_MS).then(() => undefined)]);
+    throw own ?? error;
+  }
+  const failure = await exitError();
+  if (failure) throw failure;
+  if (envelope === undefined) throw new ExportFormatError('export tar: no snapshot.json');
+  return { envelope, layers };
+}
+
+async function readCapped(entry: AsyncIterable<unknown>, max: number): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  let length = 0;
+  for await (const chunk of entry) {
+    length += (chunk as Buffer).length;
+    if (length > max) throw new ExportFormatError(`export tar: snapshot.json larger than ${max} bytes`);
+    chunks.push(chunk as Buffer);
+  }
+  return Buffer.concat(chunks);
+}
+
+/** Passes bytes through, hashing (SHA-256) and counting them. */
+class Hashing extends Transform {
+  readonly #hash = createHash('sha256');
+  readonly #onBytes: (n: number) => void;
+  size = 0;
+
+  constructor(onBytes: (n: number) => void) {
+    super();
+    this.#onBytes = onBytes;
+  }
+
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    this.#hash.update(chunk);
+    this.size += chunk.length;
+    this.#onBytes(chunk.length);
+    cb(null, chunk);
+  }
+
+  digest(): string {
+    return `sha256:${this.#hash.digest('hex')}`;
+  }
+}
+
+// --- Uploads --------------------------------------------------------------------------------
+
+interface UploaderOptions {
+  readonly registry: RegistryClient;
+  readonly name: string;
+  readonly concurrency: number;
+  readonly chunkBytes: number;
+  readonly signal: AbortSignal;
+  readonly progress: PushProgress;
+  readonly onError: (error: unknown) => void;
+}
+
+/**
+ * Uploads spooled layers in the background, at most `concurrency` at a time: `HEAD` first,
+ * upload only when missing, each digest once per push; the spool file goes as soon as its blob
+ * is in the registry. The first failure is reported through `onError` (which aborts the push).
+ */
+class LayerUploader {
+  readonly #o: UploaderOptions;
+  readonly #byDigest = new Map<string, Promise<void>>();
+  readonly #all: Promise<void>[] = [];
+  readonly #waiting: (() => void)[] = [];
+  #running = 0;
+
+  constructor(o: UploaderOptions) {
+    this.#o = o;
+  }
+
+  add(layer: SpooledLayer): void {
+    const same = this.#byDigest.get(layer.digest);
+    const task = same
+      ? same.then(() => this.#o.progress.skipped(layer.size))
+      : this.#withSlot(() => this.#upload(layer));
+    if (!same) this.#byDigest.set(layer.digest, task);
+    const done = task
+      .catch((error: unknown) => {
+        const text = error instanceof Error ? error.message : String(error);
+        this.#o.onError(new Error(`layer ${layer.title} (${layer.digest}): ${text}`, { cause: error }));
+      })
+      .finally(() => rm(layer.file, { force: true }).catch(() => {}));
+    this.#all.push(done);
+  }
+
+  /** Resolves when every upload has finished or failed. */
+  async settled(): Promise<void> {
+    await Promise.allSettled(this.#all);
+  }
+
+  async #upload(layer: SpooledLayer): Promise<void> {
+    const { registry, name, signal, progress } = this.#o;
+    signal.throwIfAborted();
+    if (await registry.headBlob(name, layer.digest, signal)) {
+      progress.skipped(layer.size);
+      return;
+    }
+    await registry.uploadBlob(
+      name,
+      { digest: layer.digest, size: layer.size, file: layer.file },
+      { chunkBytes: this.#o.chunkBytes, signal, onBytes: (n) => progress.uploaded(n) },
+    );
+  }
+
+  async #withSlot<T>(fn: () => Promise<T>): Promise<T> {
+    if (this.#running >= this.#o.concurrency) {
+      await new Promise<void>((resolve) => this.#waiting.push(resolve));
+    } else {
+      this.#running++;
+    }
+    try {
+      return await fn();
+    } finally {
+      const next = this.#waiting.shift();
+      if (next) next();
+      else this.#running--;
+    }
+  }
+}
+
+// --- Progress -------------------------------------------------------------------------------
+
+class PushProgress {
+  readonly #started = performance.now();
+  #spooled = 0;
+  #uploaded = 0;
+  #skipped = 0;
+  file = 'snapshot.json';
+
+  spooled(n: number): void {
+    this.#spooled += n;
+  }
+
+  uploaded(n: number): void {
+    this.#uploaded += n;
+  }
+
+  skipped(n: number): void {
+    this.#skipped += n;
+  }
+
+  get uploadedBytes(): number {
+    return this.#uploaded;
+  }
+
+  fields(): Record<string, unknown> {
+    const seconds = (performance.now() - this.#started) / 1000;
+    const done = this.#uploaded + this.#skipped;
+    return {
+      exportedBytes: this.#spooled,
+      bytes: done,
+      totalBytes: this.#spooled,
+      uploadedBytes: this.#uploaded,
+      skippedBytes: this.#skipped,
+      file: this.file,
+      mibPerSecond: rate(done, seconds),
+    };
+  }
+}
+
+function rate(bytes: number, seconds: number): number {
+  return seconds > 0 ? Math.round((bytes / MiB / seconds) * 10) / 10 : 0;
+}
+
+function describeCause(cause: unknown, outer: AbortSignal | undefined): string {
+  const text = cause instanceof Error ? cause.message : String(cause);
+  if (outer?.aborted) {
+    const reason = outer.reason instanceof Error ? outer.reason.message : 'aborted';
+    return reason === text ? text : `${reason} (${text})`;
+  }
+  return text;
+}

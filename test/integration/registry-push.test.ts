@@ -1,0 +1,517 @@
+// The registry write path (registry.md §3, §4.1, §4.2, §6.1, §7) against the REAL Debian
+// docker-registry (CNCF distribution 2.8) of the test ground and the cocoon simulator: a VM
+// snapshot saved by `cocoon snapshot save`, pushed with pushSnapshot, then checked by an
+// independent OCI client — crane (go-containerregistry, built by scripts/cranebin.sh) — and
+// pulled back on another simulator root. Faults a real registry will not produce on demand
+// (a refused manifest PUT, the registry going away mid-upload) come from the fault-injecting
+// proxy of registry-proxy.ts in front of the real registry.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { promisify } from 'node:util';
+import { type Ground, useGround } from '../../ground/ground.ts';
+import { newSimRoot, type SimRoot } from '../../sim/client.ts';
+import { CocoonCli } from '../../src/cocoon/runner.ts';
+import { silentLogger } from '../../src/log.ts';
+import {
+  MEDIA_TYPE,
+  parseManifestDocument,
+  parseSnapshotConfig,
+  validateSnapshotManifest,
+} from '../../src/registry/artifact.ts';
+import { RegistryClient, RegistryError } from '../../src/registry/client.ts';
+import { pullSnapshot } from '../../src/registry/pull.ts';
+import {
+  deleteSnapshotTag,
+  pushSnapshot,
+  readSnapshotIdentity,
+  SnapshotPushError,
+} from '../../src/registry/push.ts';
+import { parseReference } from '../../src/registry/reference.ts';
+import { RegistryProxy } from './registry-proxy.ts';
+
+const run = promisify(execFile);
+const repoRoot = path.resolve(import.meta.dirname, '..', '..');
+const ground = useGround();
+let g: Ground;
+let sim: SimRoot;
+let cli: CocoonCli;
+let crane: string;
+let registry: RegistryClient;
+const lifetime = new AbortController();
+const IMAGE = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
+const sha = (b: Buffer) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
+
+/** crane: VK_CRANE_BIN (scripts/test.sh), else built or found by scripts/cranebin.sh. */
+async function craneBin(): Promise<string> {
+  if (process.env.VK_CRANE_BIN) return process.env.VK_CRANE_BIN;
+  const { stdout } = await run('bash', [path.join(repoRoot, 'scripts', 'cranebin.sh')], {
+    maxBuffer: 1 << 20,
+  });
+  return path.join(stdout.trim().split('\n').pop() ?? '', 'crane');
+}
+
+async function craneRun(...args: string[]): Promise<string> {
+  const { stdout } = await run(crane, [...args, '--insecure'], { maxBuffer: 64 << 20, encoding: 'utf8' });
+  return stdout;
+}
+
+async function craneBytes(...args: string[]): Promise<Buffer> {
+  const { stdout } = await run(crane, [...args, '--insecure'], { maxBuffer: 64 << 20, encoding: 'buffer' });
+  return stdout;
+}
+
+/** The files of a snapshot as the simulator keeps them (root/snapshot/localfile/<id>). */
+const dataDir = (s: SimRoot, id: string) => path.join(s.root, 'snapshot', 'localfile', id);
+
+interface Saved {
+  name: string;
+  id: string;
+  /** Contents written into the snapshot after save (the simulator saves empty placeholders). */
+  files: Record<string, Buffer>;
+}
+
+/**
+ * A running VM's snapshot: `vm clone` from a fixture, `snapshot save --name <name>`, then real
+ * bytes written into its memory and cidata files (distinct contents, so every layer has its own
+ * digest). The disk (`cow.raw`) stays a 20 GiB all-hole file: the simulator exports it sparse.
+ */
+async function savedSnapshot(name: string, sizes: { memory?: number } = {}): Promise<Saved> {
+  const vm = await sim.json<{ id: string }>(['vm', 'clone', '--output', 'json', '--name', name, 'base']);
+  const saved = await sim.run(['snapshot', 'save', '--name', name, vm.id]);
+  assert.equal(saved.code, 0, saved.stderr);
+  const id = saved.stdout.trim();
+  const files = {
+    'memory-range-0': randomBytes(sizes.memory ?? 2_500_000),
+    'cidata.img': randomBytes(40_000),
+  };
+  for (const [f, data] of Object.entries(files)) fs.writeFileSync(path.join(dataDir(sim, id), f), data);
+  return { name, id, files };
+}
+
+before(async () => {
+  g = await ground();
+  sim = await newSimRoot();
+  Object.assign(process.env, sim.env());
+  cli = new CocoonCli(sim.cocoonBin, lifetime.signal, silentLogger);
+  crane = await craneBin();
+  await sim.fixtureSnapshot('base', { backend: 'cloud-hypervisor', image: IMAGE, pulled: true });
+  registry = new RegistryClient({ base: `${g.registry.hostPort}/cocoon`, credentials: [] });
+});
+
+after(async () => {
+  registry?.close();
+  lifetime.abort();
+  await sim?.cleanup();
+});
+
+describe('push to docker-registry 2.8 (real), checked with crane', () => {
+  let saved: Saved;
+  let digest: string;
+
+  before(async () => {
+    saved = await savedSnapshot('vk-push-a');
+  });
+
+  it('push: crane lists the tag; manifest and config parse as the v1 format; every blob verifies', async () => {
+    const spool = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-spool-'));
+    const result = await pushSnapshot({
+      registry,
+      cli,
+      localName: saved.name,
+      repo: 'vk-push-a',
+      tag: 'latest',
+      baseImage: IMAGE,
+      annotations: { 'org.opencontainers.image.source': 'https://example.com/agent' },
+      chunkMiB: 1, // memory-range-0 (2.5 MB) goes up in three PATCH chunks
+      concurrency: 2,
+      spoolDir: spool,
+    });
+    digest = result.digest;
+    assert.equal(result.snapshotId, saved.id);
+    assert.ok(result.uploadedBytes > 2_500_000 && result.uploadedBytes <= result.bytes);
+    assert.deepEqual(fs.readdirSync(spool), [], 'spool directory removed');
+    fs.rmSync(spool, { recursive: true });
+    const ref = `${g.registry.hostPort}/cocoon/vk-push-a:latest`;
+
+    assert.deepEqual((await craneRun('ls', `${g.registry.hostPort}/cocoon/vk-push-a`)).trim().split('\n'), [
+      'latest',
+    ]);
+    assert.equal((await craneRun('digest', ref)).trim(), digest);
+    const manifestBytes = await craneBytes('manifest', ref);
+    assert.equal(sha(manifestBytes), digest, 'the digest is of the exact bytes sent');
+    assert.match(manifestBytes.toString(), /^\{\n {2}"schemaVersion": 2,\n/, 'pretty-printed, 2 spaces');
+    const doc = parseManifestDocument(manifestBytes);
+    assert.ok(doc.ok);
+    const manifest = validateSnapshotManifest(doc.value);
+    assert.ok(manifest.ok, manifest.ok ? '' : manifest.error);
+    assert.equal(doc.value.kind === 'manifest' && doc.value.manifest.artifactType, MEDIA_TYPE.snapshotV1);
+    // Layers in tar order (the simulator exports its directory sorted), media types by name.
+    assert.deepEqual(
+      manifest.value.layers.map((l) => [l.title, l.mediaType]),
+      [
+        ['cidata.img', MEDIA_TYPE.vmCidata],
+        ['config.json', MEDIA_TYPE.vmConfig],
+        ['cow.raw', MEDIA_TYPE.diskRaw],
+        ['memory-range-0', MEDIA_TYPE.octetStream],
+        ['state.json', MEDIA_TYPE.vmState],
+      ],
+    );
+    const a = manifest.value.annotations;
+    assert.deepEqual(Object.keys(a), [
+      'org.opencontainers.image.created',
+      'cocoonstack.snapshot.baseimage',
+      'org.opencontainers.image.source',
+    ]);
+    assert.match(a['org.opencontainers.image.created'] ?? '', /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+    assert.equal(a['cocoonstack.snapshot.baseimage'], IMAGE);
+
+    const configBytes = await craneBytes('config', ref);
+    assert.equal(sha(configBytes), manifest.value.config.digest);
+    const config = parseSnapshotConfig(configBytes, manifest.value);
+    assert.ok(config.ok, config.ok ? '' : config.error);
+    const c = config.value;
+    assert.equal(c.snapshotId, saved.id);
+    assert.equal(c.image, IMAGE);
+    assert.equal(c.hypervisor, 'cloud-hypervisor');
+    assert.equal(c.imageType, 'oci');
+    assert.equal(c.cpu, 2);
+    assert.equal((c.raw as Record<string, unknown>).name, undefined, 'the local name is not in the config');
+    assert.deepEqual(Object.keys(c.files), [
+      'cidata.img',
+      'config.json',
+      'cow.raw',
+      'memory-range-0',
+      'state.json',
+    ]);
+    assert.equal(c.files['memory-range-0']?.size, 2_500_000);
+    assert.equal(typeof c.files['memory-range-0']?.mode, 'number');
+    // The all-hole disk: no data, its apparent size in the sparse records, copied verbatim.
+    const cow = c.files['cow.raw'];
+    assert.equal(cow?.sparseSize, String(20 * 2 ** 30));
+    assert.equal(typeof cow?.sparseMap, 'string');
+
+    // Every blob, fetched by crane, hashes to its descriptor.
+    for (const layer of manifest.value.layers) {
+      const blob = await craneBytes('blob', `${g.registry.hostPort}/cocoon/vk-push-a@${layer.digest}`);
+      assert.equal(blob.length, layer.size, layer.title);
+      assert.equal(sha(blob), layer.digest, layer.title);
+      const written = saved.files[layer.title];
+      if (written) assert.ok(blob.equals(written), `${layer.title}: the bytes written into the snapshot`);
+    }
+    // crane's own validation of the artifact (digests and sizes of manifest, config and layers).
+    await craneRun('validate', '--remote', ref);
+  });
+
+  it('push then pull on another node keeps snapshotId and file contents', async () => {
+    const other = await newSimRoot();
+    try {
+      const otherCli = new CocoonCli(other.cocoonBin, lifetime.signal, silentLogger);
+      // CocoonCli passes the provider's environment; the other root's calls need its own.
+      const env = { ...process.env };
+      Object.assign(process.env, other.env());
+      let rec: Awaited<ReturnType<typeof pullSnapshot>>;
+      try {
+        rec = await pullSnapshot({
+          registry,
+          cli: otherCli,
+          repo: 'vk-push-a',
+          tag: 'latest',
+          localName: 'vk-push-a-copy',
+        });
+      } finally {
+        for (const k of Object.keys(other.env())) {
+          if (env[k] === undefined) delete process.env[k];
+          else process.env[k] = env[k];
+        }
+      }
+      assert.equal(rec.id, saved.id);
+      assert.equal(rec.image, IMAGE);
+      const dst = dataDir(other, rec.id);
+      const src = dataDir(sim, saved.id);
+      for (const f of fs.readdirSync(src)) {
+        const a = fs.statSync(path.join(src, f));
+        const b = fs.statSync(path.join(dst, f));
+        assert.equal(b.size, a.size, `${f}: apparent size`);
+        if (a.size < 64 << 20) {
+          assert.ok(fs.readFileSync(path.join(dst, f)).equals(fs.readFileSync(path.join(src, f))), f);
+        }
+      }
+      assert.equal(fs.statSync(path.join(dst, 'cow.raw')).size, 20 * 2 ** 30);
+    } finally {
+      await other.cleanup();
+    }
+  });
+
+  it('a re-push uploads nothing the registry has: HEADs only, then the manifest', async () => {
+    const proxy = await RegistryProxy.start(g.registry.hostPort);
+    const via = new RegistryClient({ base: `${proxy.hostPort}/cocoon`, credentials: [] });
+    try {
+      const again = await pushSnapshot({
+        registry: via,
+        cli,
+        localName: saved.name,
+        repo: 'vk-push-a',
+        tag: 'latest',
+        baseImage: IMAGE,
+        annotations: { 'org.opencontainers.image.source': 'https://example.com/agent' },
+      });
+      assert.equal(again.uploadedBytes, 0);
+      assert.equal(again.snapshotId, saved.id);
+      digest = again.digest; // same content; the created annotation may have moved on a second
+      const calls = proxy.since(0);
+      assert.ok(!calls.some((c) => c.includes('/blobs/uploads/')), calls.join('\n'));
+      const heads = calls.filter((c) => c.startsWith('HEAD ') && c.includes('/blobs/'));
+      // one per distinct layer digest, plus the config
+      assert.equal(heads.length, 6, calls.join('\n'));
+      assert.equal(calls.at(-1), 'PUT /v2/cocoon/vk-push-a/manifests/latest');
+    } finally {
+      via.close();
+      await proxy.stop();
+    }
+  });
+
+  it('hibernate: the manifest is re-put with cocoonstack.snapshot.from-node; readSnapshotIdentity', async () => {
+    assert.equal(await readSnapshotIdentity(registry, 'vk-push-a', 'hibernate'), 'absent');
+    const result = await pushSnapshot({
+      registry,
+      cli,
+      localName: saved.name,
+      repo: 'vk-push-a',
+      tag: 'hibernate',
+      baseImage: IMAGE,
+      fromNode: 'cocoon-node-2',
+      annotations: { team: 'a' },
+    });
+    const bytes = await craneBytes('manifest', `${g.registry.hostPort}/cocoon/vk-push-a:hibernate`);
+    assert.equal(sha(bytes), result.digest, 'the tag points at the re-put manifest');
+    const m = JSON.parse(bytes.toString()) as { annotations: Record<string, string> };
+    assert.deepEqual(Object.keys(m.annotations), [
+      'org.opencontainers.image.created',
+      'cocoonstack.snapshot.baseimage',
+      'cocoonstack.snapshot.from-node',
+      'team',
+    ]);
+    assert.equal(m.annotations['cocoonstack.snapshot.from-node'], 'cocoon-node-2');
+    assert.deepEqual(await readSnapshotIdentity(registry, 'vk-push-a', 'hibernate'), {
+      digest: result.digest,
+      snapshotId: saved.id,
+      baseImage: IMAGE,
+      fromNode: 'cocoon-node-2',
+    });
+    const latest = await readSnapshotIdentity(registry, 'vk-push-a', 'latest');
+    assert.ok(latest !== 'absent');
+    assert.equal(latest.fromNode, '');
+    assert.equal(latest.digest, digest);
+  });
+
+  it('deleteSnapshotTag: distribution refuses a tag DELETE (400), the digest fallback deletes it; then absent', async () => {
+    const raw = await fetch(`${g.registry.url}/v2/cocoon/vk-push-a/manifests/hibernate`, {
+      method: 'DELETE',
+    });
+    assert.equal(raw.status, 400, 'what the fallback is for');
+    await raw.body?.cancel();
+    assert.equal(await deleteSnapshotTag(registry, 'vk-push-a', 'hibernate'), 'deleted');
+    const name = registry.repository('vk-push-a');
+    assert.equal(await registry.headManifest(name, parseReference('hibernate')), 'absent');
+    assert.equal(await deleteSnapshotTag(registry, 'vk-push-a', 'hibernate'), 'absent');
+    assert.equal(await deleteSnapshotTag(registry, 'never-pushed', 'hibernate'), 'absent');
+    assert.equal(await readSnapshotIdentity(registry, 'vk-push-a', 'hibernate'), 'absent');
+    // The other tag of the repository is untouched.
+    assert.notEqual(await registry.headManifest(name, parseReference('latest')), 'absent');
+    assert.deepEqual((await craneRun('ls', `${g.registry.hostPort}/cocoon/vk-push-a`)).trim().split('\n'), [
+      'latest',
+    ]);
+  });
+});
+
+describe('push failures', () => {
+  let proxy: RegistryProxy;
+  let via: RegistryClient;
+  let saved: Saved;
+
+  before(async () => {
+    proxy = await RegistryProxy.start(g.registry.hostPort);
+    saved = await savedSnapshot('vk-push-b', { memory: 6_000_000 });
+  });
+  after(async () => {
+    via?.close();
+    await proxy?.stop();
+  });
+  const fresh = () => {
+    via?.close();
+    proxy.clear();
+    via = new RegistryClient({ base: `${proxy.hostPort}/cocoon`, credentials: [] });
+    return via;
+  };
+
+  it('readSnapshotIdentity: absent, present, and a registry that is down throws RegistryError (not absent)', async () => {
+    fresh();
+    await proxy.up();
+    assert.equal(await readSnapshotIdentity(via, 'vk-push-b', 'hibernate'), 'absent');
+    await pushSnapshot({
+      registry: via,
+      cli,
+      localName: saved.name,
+      repo: 'vk-push-b',
+      tag: 'hibernate',
+      baseImage: '',
+    });
+    const present = await readSnapshotIdentity(via, 'vk-push-b', 'hibernate');
+    assert.ok(present !== 'absent');
+    assert.equal(present.snapshotId, saved.id);
+    assert.equal(present.baseImage, '', 'an empty base image is omitted');
+    for (const mode of ['refuse', 'reset'] as const) {
+      await proxy.down(mode);
+      await assert.rejects(readSnapshotIdentity(fresh(), 'vk-push-b', 'hibernate'), (e: unknown) => {
+        assert.ok(e instanceof RegistryError, String(e));
+        assert.equal(e.kind, 'network');
+        assert.match(e.message, mode === 'refuse' ? /ECONNREFUSED/ : /ECONNRESET|socket hang up/);
+        return true;
+      });
+    }
+    await proxy.up();
+    assert.equal(await deleteSnapshotTag(fresh(), 'vk-push-b', 'hibernate'), 'deleted');
+  });
+
+  it('a refused manifest PUT: SnapshotPushError phase manifest, and the tag stays absent', async () => {
+    fresh();
+    proxy.refuseManifestPut(400);
+    await assert.rejects(
+      pushSnapshot({
+        registry: via,
+        cli,
+        localName: saved.name,
+        repo: 'vk-push-b',
+        tag: 'latest',
+        baseImage: IMAGE,
+      }),
+      (e: unknown) => {
+        assert.ok(e instanceof SnapshotPushError, String(e));
+        assert.equal(e.phase, 'manifest');
+        assert.match(
+          e.message,
+          new RegExp(
+            `^push ${proxy.hostPort}/cocoon/vk-push-b:latest: manifest PUT refused: 400 MANIFEST_INVALID`,
+          ),
+        );
+        return true;
+      },
+    );
+    proxy.clear();
+    assert.equal(await readSnapshotIdentity(via, 'vk-push-b', 'latest'), 'absent');
+    assert.equal(
+      await registry.headManifest(registry.repository('vk-push-b'), parseReference('latest')),
+      'absent',
+    );
+  });
+
+  it('the registry going away mid-upload: the push fails, no manifest, spool files gone', async () => {
+    fresh();
+    const spool = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-spool-'));
+    // Fresh bytes, so the memory file really goes up (not skipped as already present).
+    fs.writeFileSync(path.join(dataDir(sim, saved.id), 'memory-range-0'), randomBytes(6_000_000));
+    proxy.downAfterUploadBytes(1_500_000);
+    const from = proxy.requests.length;
+    try {
+      await assert.rejects(
+        pushSnapshot({
+          registry: via,
+          cli,
+          localName: saved.name,
+          repo: 'vk-push-b',
+          tag: 'latest',
+          baseImage: IMAGE,
+          chunkMiB: 1,
+          spoolDir: spool,
+        }),
+        (e: unknown) => {
+          assert.ok(e instanceof SnapshotPushError, String(e));
+          assert.equal(e.phase, 'upload');
+          assert.match(
+            e.message,
+            /layer memory-range-0 \(sha256:[0-9a-f]{64}\): .*(ECONNRESET|ECONNREFUSED|socket hang up)/,
+          );
+          return true;
+        },
+      );
+      assert.ok(proxy.since(from).some((c) => c.startsWith('PATCH ')));
+      assert.ok(!proxy.since(from).some((c) => c.includes('/manifests/')), 'no manifest request');
+      assert.deepEqual(fs.readdirSync(spool), [], 'every spool file removed');
+      await proxy.up();
+      assert.equal(await readSnapshotIdentity(fresh(), 'vk-push-b', 'latest'), 'absent');
+    } finally {
+      await proxy.up();
+      fs.rmSync(spool, { recursive: true, force: true });
+    }
+  });
+
+  it('an export that fails (unknown snapshot) or caller annotations under cocoonstack.: no upload, no manifest', async () => {
+    fresh();
+    const from = proxy.requests.length;
+    await assert.rejects(
+      pushSnapshot({
+        registry: via,
+        cli,
+        localName: 'no-such-snapshot',
+        repo: 'vk-push-b',
+        tag: 'latest',
+        baseImage: '',
+      }),
+      (e: unknown) => {
+        assert.ok(e instanceof SnapshotPushError, String(e));
+        assert.equal(e.phase, 'export');
+        assert.match(
+          e.message,
+          /cocoon snapshot export no-such-snapshot: exit status 1 \(stderr: Error: .*not found/,
+        );
+        return true;
+      },
+    );
+    await assert.rejects(
+      pushSnapshot({
+        registry: via,
+        cli,
+        localName: saved.name,
+        repo: 'vk-push-b',
+        tag: 'latest',
+        baseImage: '',
+        annotations: { 'cocoonstack.snapshot.from-node': 'forged' },
+      }),
+      { name: 'SnapshotPushError', phase: 'manifest', message: /is reserved/ },
+    );
+    assert.deepEqual(proxy.since(from), []);
+  });
+
+  it('an abort mid-push stops everything and removes the spool', async () => {
+    fresh();
+    const spool = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-spool-'));
+    fs.writeFileSync(path.join(dataDir(sim, saved.id), 'memory-range-0'), randomBytes(6_000_000));
+    const ac = new AbortController();
+    const pushing = pushSnapshot({
+      registry: via,
+      cli,
+      localName: saved.name,
+      repo: 'vk-push-b',
+      tag: 'latest',
+      baseImage: '',
+      chunkMiB: 1,
+      spoolDir: spool,
+      signal: ac.signal,
+    });
+    const from = proxy.requests.length;
+    while (!proxy.since(from).some((c) => c.startsWith('PATCH '))) await new Promise((r) => setTimeout(r, 5));
+    ac.abort(new Error('shutting down'));
+    await assert.rejects(pushing, { name: 'SnapshotPushError', message: /shutting down/ });
+    assert.deepEqual(fs.readdirSync(spool), []);
+    fs.rmSync(spool, { recursive: true });
+    assert.equal(await readSnapshotIdentity(via, 'vk-push-b', 'latest'), 'absent');
+    // No export is left holding the snapshot: cocoon refuses to remove one in use by an export.
+    const rm = await sim.run(['snapshot', 'rm', saved.name]);
+    assert.equal(rm.code, 0, rm.stderr);
+  });
+});
