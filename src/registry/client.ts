@@ -483,6 +483,12 @@ export class RegistryClient {
    * times). `Location` may be relative or absolute; its query string is kept.
    */
   async uploadBlob(name: string, blob: BlobSource, opts: UploadOptions = {}): Promise<void> {
+    if (!isDigest(blob.digest)) {
+      throw new RegistryError(
+        'invalid',
+        `upload to ${name}: ${JSON.stringify(blob.digest)} is not a sha256 digest`,
+      );
+    }
     const chunk = Math.max(1, Math.floor(opts.chunkBytes ?? DEFAULT_CHUNK_BYTES));
     for (let restarts = 0; ; restarts++) {
       let accepted = 0;
@@ -640,7 +646,7 @@ export class RegistryClient {
   /** The upload URL with `digest=` added, keeping whatever query the registry put there. */
   #withDigest(url: URL, digest: string): string {
     const query = url.search.length > 1 ? `${url.search}&` : '?';
-    return `${url.origin}${url.pathname}${query}digest=${encodeURIComponent(digest)}`;
+    return `${url.origin}${url.pathname}${query}digest=${digest}`;
   }
 
   async #finishUpload(
