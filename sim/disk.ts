@@ -126,10 +126,9 @@ function writeAll(fd: number, data: Buffer, position: number): void {
 /**
  * Copies `src` to `dst` (created or truncated, with the source's mode) keeping holes: only the non-zero
  * pages are written, then the copy is truncated to the apparent size. An all-hole source costs
- * a stat and a truncate; a small file is copied as is.
+ * a stat and a truncate; a small file is copied as is. `st`: the source's stat, when known.
  */
-export function copySparse(src: string, dst: string): void {
-  const st = fs.statSync(src);
+export function copySparse(src: string, dst: string, st: fs.Stats = fs.statSync(src)): void {
   if (st.size <= SMALL) {
     fs.copyFileSync(src, dst);
     return;
@@ -157,7 +156,7 @@ export function copySparse(src: string, dst: string): void {
 export function restoreDisk(src: string | undefined, dst: string, fallbackSize: number): void {
   const st = src === undefined ? undefined : fs.statSync(src, { throwIfNoEntry: false });
   if (src !== undefined && st?.isFile() && st.size > 0) {
-    copySparse(src, dst);
+    copySparse(src, dst, st);
     return;
   }
   const fd = fs.openSync(dst, 'w');

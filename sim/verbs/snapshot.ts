@@ -136,7 +136,8 @@ async function save(ctx: Ctx, p: Parsed): Promise<number> {
     const rd = runDir(ctx.root, dir, vm.id);
     for (const f of DISKS) {
       const src = path.join(rd, f);
-      if (fs.existsSync(src)) copySparse(src, path.join(data, f));
+      const st = fs.statSync(src, { throwIfNoEntry: false });
+      if (st?.isFile()) copySparse(src, path.join(data, f), st);
     }
   } catch (e) {
     dropSnapshot(ctx.root, rec.id);
