@@ -219,7 +219,7 @@ export interface SnapshotManifestInput {
 }
 
 /**
- * The OCI manifest of a v1 snapshot (docs/registry.md "Manifest"): artifactType, config
+ * The OCI manifest of a v1 snapshot (docs/registry.md "Manifest annotations"): artifactType, config
  * descriptor, one titled layer per file, and annotations in this order — `created` (always),
  * `baseimage` (when set), `from-node` (hibernate re-put), then the caller's. Pretty-printed with
  * 2-space indentation; the digest is of exactly these bytes.
