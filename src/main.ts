@@ -24,6 +24,7 @@ import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
 import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { registryFromConfig } from './registry/client.ts';
 import { SnapshotPuller } from './registry/pull.ts';
+import { RegistrySnapshotStore } from './registry/store.ts';
 import { attachSampler } from './stats/collect.ts';
 import { statsRoutes } from './stats/routes.ts';
 import { StatsSampler } from './stats/sampler.ts';
@@ -120,7 +121,19 @@ async function main(argv: string[]): Promise<number> {
         },
       })
     : undefined;
-  if (!registry) log.info('OCI_REGISTRY is not set: clone sources must already exist locally');
+  const store = registry
+    ? new RegistrySnapshotStore({
+        registry,
+        cli,
+        lifetime: lifetime.signal,
+        concurrency: config.snapshotTransferConcurrency,
+        pullBudgetMiB: config.snapshotPullBudgetMiB,
+      })
+    : undefined;
+  if (!registry)
+    log.info(
+      'OCI_REGISTRY is not set: clone sources must already exist locally; hibernate saves locally only',
+    );
   // The framework's status writer exists before the provider, which gets it at
   // construction: statuses published during startup are queued and written once the pod
   // controller has listed the pods.
@@ -130,6 +143,7 @@ async function main(argv: string[]): Promise<number> {
   const provider = new CocoonProvider({
     status,
     puller,
+    store,
     config,
     kube,
     cli,

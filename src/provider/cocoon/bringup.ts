@@ -2,7 +2,7 @@
 // decision (names, flags, CPU policy, restore mode) comes from the pure modules, and the
 // argv matches the cocoon CLI contract exactly.
 import { ArgvError, cloneArgv, imagePullArgv, inspectArgv, removeArgv, runArgv } from '../../cocoon/argv.ts';
-import { parseVmRecord, type VmRecord } from '../../cocoon/records.ts';
+import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
 import { guestProfile } from '../../guest/profiles.ts';
 import { restoreModeFor } from '../../guest/restore-mode.ts';
@@ -66,32 +66,49 @@ export async function cloneBringUp(
     snap = await inspectSnapshot(ctx.cli, local, undefined);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
   }
-  if (snap.hypervisor !== '' && snap.hypervisor !== spec.backend) {
-    throw new BringUpError(
-      `snapshot ${local} was taken with ${snap.hypervisor} but CocoonSet requests ${spec.backend}`,
-    );
+  const vm = await cloneFromSource(ctx, spec, { snapshot: snap });
+  return { vm, clonedBoot: true, sourceImage: snap.image };
+}
+
+/** `vm clone` of a local snapshot or a directory with the pod's CPU policy and restore mode
+ * (clone, fork, restore and clone-from-dir alike). `nics` is `--nics` (a CH+Windows restore
+ * hot-adds one). */
+export async function cloneFromSource(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  source: { snapshot: SnapshotRecord } | { fromDir: string },
+  opts: { nics?: number } = {},
+): Promise<VmRecord> {
+  let backend = spec.backend;
+  if ('snapshot' in source) {
+    const snap = source.snapshot;
+    if (snap.hypervisor !== '' && snap.hypervisor !== spec.backend) {
+      throw new BringUpError(
+        `snapshot ${snap.name} was taken with ${snap.hypervisor} but CocoonSet requests ${spec.backend}`,
+      );
+    }
+    if (snap.hypervisor === 'firecracker') backend = 'firecracker';
   }
   // No `image inspect` first: `--pull` (sent whenever the snapshot records a base image)
   // makes the clone itself fetch a base image missing from the node, and a base image that
   // cannot be had fails this call with cocoon's own message (docs/decisions.md, "Writes per
   // bring-up"). Two cocoon calls per clone: `snapshot inspect` and `vm clone`.
-  const backend = snap.hypervisor === 'firecracker' ? 'firecracker' : spec.backend;
   const cpu = cpuPolicy(spec.cpuRequestMilli, spec.cpuLimitMilli);
   const argv = cloneArgv({
     vmName: spec.vmName,
     backend,
     network: spec.network || undefined,
     noDirectIO: spec.noDirectIO,
-    pull: snap.image !== '',
+    pull: 'snapshot' in source ? source.snapshot.image !== '' : true,
     restoreMode: restoreModeFor(backend, spec.os, ctx.config.restoreMode),
+    nics: opts.nics,
     cpuWeight: cpu.weight,
     cpuQuotaUs: cpu.quotaUs,
     cpuPeriodUs: cpu.periodUs,
-    source: { snapshot: local },
+    source: 'snapshot' in source ? { snapshot: source.snapshot.name } : { fromDir: source.fromDir },
   });
   const { stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS });
-  const vm = await settledRecord(ctx, stdout, spec.vmName);
-  return { vm, clonedBoot: true, sourceImage: snap.image };
+  return await settledRecord(ctx, stdout, spec.vmName);
 }
 
 export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger): Promise<BringUpResult> {

@@ -3,7 +3,7 @@
 // helpers all of them use. The write paths live in publication/; records change only
 // through the mutators of state.ts.
 import type { V1Pod } from '@kubernetes/client-node';
-import type { VmRecord } from '../../cocoon/records.ts';
+import type { SnapshotRecord, VmRecord } from '../../cocoon/records.ts';
 import type { CocoonCli } from '../../cocoon/runner.ts';
 import type { Config } from '../../config/env.ts';
 import { GENERATION, parseGeneration } from '../../contract/annotations.ts';
@@ -13,6 +13,7 @@ import type { Logger } from '../../log.ts';
 import type { LeaseFile } from '../../net/leases.ts';
 import type { PodStatusSink } from '../../pods/ports.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
+import type { Singleflight } from '../../util/singleflight.ts';
 import { decodeVMSpec } from '../../vmspec/decode.ts';
 import type { LifecycleMetrics } from './metrics.ts';
 import type { ProbeAgent } from './probe-agent.ts';
@@ -22,6 +23,41 @@ import type { PodRecord } from './state.ts';
  * de-duplicated per local name; `src/registry/pull.ts` implements it. */
 export interface SnapshotPuller {
   ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
+}
+
+/** What the registry holds for `<repo>:<tag>` (docs/registry.md, "Identity"). */
+export interface SnapshotIdentity {
+  readonly digest: string;
+  /** The config's `snapshotId`: the identity anchor a local copy is verified against. */
+  readonly snapshotId: string;
+  /** `cocoonstack.snapshot.baseimage`; `''` when absent. */
+  readonly baseImage: string;
+  /** `cocoonstack.snapshot.from-node`; `''` when absent. */
+  readonly fromNode: string;
+}
+
+/** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push",
+ * "Identity", "Tag delete"); `src/registry/store.ts` implements it. Errors are thrown; an
+ * absent tag is a result, never an error. */
+export interface SnapshotStore {
+  push(args: {
+    localName: string;
+    repo: string;
+    tag: string;
+    baseImage: string;
+    fromNode?: string;
+    signal?: AbortSignal;
+    log?: Logger;
+  }): Promise<{ digest: string; snapshotId: string; bytes: number }>;
+  identity(repo: string, tag: string, signal?: AbortSignal): Promise<SnapshotIdentity | 'absent'>;
+  deleteTag(repo: string, tag: string, signal?: AbortSignal): Promise<'deleted' | 'absent'>;
+  pull(args: {
+    repo: string;
+    tag: string;
+    localName: string;
+    signal?: AbortSignal;
+    log?: Logger;
+  }): Promise<SnapshotRecord>;
 }
 
 export interface ProviderDeps {
@@ -39,6 +75,8 @@ export interface ProviderDeps {
   status: PodStatusSink;
   /** Clone-source pulls from the registry; unset without `OCI_REGISTRY`. */
   puller?: SnapshotPuller;
+  /** Snapshot pushes, identity reads and hibernate pulls; unset without `OCI_REGISTRY`. */
+  store?: SnapshotStore;
 }
 
 export interface ProviderContext extends ProviderDeps {
@@ -57,6 +95,12 @@ export interface ProviderContext extends ProviderDeps {
   probes: Map<string, ProbeAgent>;
   /** Automatic retries of transient create failures, by pod key. */
   retryTimers: Map<string, NodeJS.Timeout>;
+  /** Names of the local snapshots known to exist (listed at startup, kept by our own saves,
+   * imports and removals): a bring-up drops `fork-<vmName>` only when it exists, so a clone
+   * stays at two cocoon calls (docs/decisions.md, "Hibernate and wake"). */
+  localSnapshots: Set<string>;
+  /** One `fork-<source>` save at a time, shared by concurrent forks of one source. */
+  forkSaves: Singleflight<SnapshotRecord>;
 }
 
 export function generationOf(pod: V1Pod): bigint {

@@ -4,6 +4,7 @@
 import { watch as watchFs } from 'node:fs';
 import { dirname } from 'node:path';
 import { isCurrent, logFor, type ProviderContext } from './context.ts';
+import { driveOps } from './ops/drive.ts';
 import { ProbeAgent } from './probe-agent.ts';
 import { publish } from './publication/held.ts';
 import { refreshIp } from './publication/status.ts';
@@ -33,6 +34,9 @@ export class Loops {
     void this.#ctx.queue
       .run(key, async () => {
         this.#pending.delete(key);
+        // What the hibernate annotation asks goes first (it may start a hibernate or a wake).
+        const rec = this.#ctx.pods.get(key);
+        if (rec) await driveOps(this.#ctx, rec);
         await reconcile(this.#ctx, key);
       })
       .catch((err: unknown) =>

@@ -1,7 +1,17 @@
 // The lifecycle metrics the provider records (docs/metrics.md), as a narrow interface, its
 // adapter onto the prom-client registry of src/metrics, and `noMetrics` for tests that do
 // not look at metrics.
-import type { LifecycleOp, Metrics, PostCloneKind } from '../../metrics/registry.ts';
+import type {
+  HibernateEvidenceVerdict,
+  HibernatePhase,
+  LifecycleOp,
+  Metrics,
+  PostCloneKind,
+  StartupResumeOp,
+  VerifyResult,
+} from '../../metrics/registry.ts';
+
+type Outcome = 'ok' | 'failed';
 
 export interface LifecycleMetrics {
   podLifecycle(op: string, result: 'ok' | 'failed' | 'skipped', reason: string): void;
@@ -16,6 +26,14 @@ export interface LifecycleMetrics {
   adoptByName(): void;
   leaseRelease(result: string): void;
   probeDuration(namespace: string, seconds: number): void;
+  hibernate(namespace: string, phase: HibernatePhase, result: Outcome): void;
+  wake(result: Outcome): void;
+  snapshotSave(namespace: string, result: Outcome, seconds: number): void;
+  snapshotPush(namespace: string, result: Outcome, seconds: number): void;
+  snapshotVerify(result: VerifyResult): void;
+  hibernateEvidence(verdict: HibernateEvidenceVerdict): void;
+  cloneFromDir(result: Outcome): void;
+  startupResume(op: StartupResumeOp): void;
 }
 
 export const noMetrics: LifecycleMetrics = {
@@ -31,6 +49,14 @@ export const noMetrics: LifecycleMetrics = {
   adoptByName: () => {},
   leaseRelease: () => {},
   probeDuration: () => {},
+  hibernate: () => {},
+  wake: () => {},
+  snapshotSave: () => {},
+  snapshotPush: () => {},
+  snapshotVerify: () => {},
+  hibernateEvidence: () => {},
+  cloneFromDir: () => {},
+  startupResume: () => {},
 };
 
 /** Adapts the prom-client registry to the provider's narrow LifecycleMetrics interface. */
@@ -49,5 +75,19 @@ export function lifecycleMetrics(m: Metrics): LifecycleMetrics {
     adoptByName: () => m.reconcileAdoptByName.inc(),
     leaseRelease: (result) => m.leaseRelease.inc({ result }),
     probeDuration: (namespace, seconds) => m.probeDuration.observe({ namespace }, seconds),
+    hibernate: (namespace, phase, result) => m.hibernate.inc({ namespace, phase, result }),
+    wake: (result) => m.wake.inc({ result }),
+    snapshotSave: (namespace, result, seconds) => {
+      m.snapshotSave.inc({ result });
+      m.snapshotSaveDuration.observe({ namespace }, seconds);
+    },
+    snapshotPush: (namespace, result, seconds) => {
+      m.snapshotPush.inc({ result });
+      m.snapshotPushDuration.observe({ namespace }, seconds);
+    },
+    snapshotVerify: (result) => m.snapshotVerify.inc({ result }),
+    hibernateEvidence: (verdict) => m.hibernateEvidence.inc({ verdict }),
+    cloneFromDir: (result) => m.cloneFromDir.inc({ result }),
+    startupResume: (op) => m.startupResume.inc({ op }),
   };
 }

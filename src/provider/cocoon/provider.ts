@@ -6,13 +6,14 @@
 import type { Readable } from 'node:stream';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { listArgv } from '../../cocoon/argv.ts';
-import type { VmRecord } from '../../cocoon/records.ts';
+import type { SnapshotRecord, VmRecord } from '../../cocoon/records.ts';
 import type { ContainerAccess, ExecOutcome, ExecStreams, LogOptions } from '../../kubelet/ports.ts';
 import type { NodeHealth } from '../../node/ports.ts';
 import type { PodLifecycleHandler } from '../../pods/ports.ts';
 import { KeyedQueue } from '../../util/keyed-queue.ts';
 import { monoNow } from '../../util/mono-clock.ts';
 import { AdmissionOrder } from '../../util/priority.ts';
+import { Singleflight } from '../../util/singleflight.ts';
 import { VmAccess } from './access.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
 import { Loops } from './loops.ts';
@@ -47,6 +48,8 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       orphansByName: new Map(),
       probes: new Map(),
       retryTimers: new Map(),
+      localSnapshots: new Set(),
+      forkSaves: new Singleflight<SnapshotRecord>(),
     };
     this.#ctx = ctx;
     this.#loops = new Loops(ctx);

@@ -1,6 +1,5 @@
-// What the provider remembers per pod key, and the only module that changes it: every
-// other module reads a PodRecord (its fields are readonly outside this file) and changes it
-// through the named mutators below. The value types a record is made of are in record-types.ts.
+// The only module that changes a PodRecord (declared in record-types.ts): every other module
+// reads a record and changes it through the named mutators below.
 //
 // Everything here is either re-derivable from the apiserver, `cocoon vm list` and the lease
 // file (pod, VM, intent seeded from annotations), or progress keyed by VM ID that may be lost
@@ -10,62 +9,23 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';
 import type { IntentRecord } from '../../lifecycle/intent.ts';
-import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
+import type { PodStatus } from '../../lifecycle/status.ts';
 import { monoNow } from '../../util/mono-clock.ts';
 import type { VMSpec } from '../../vmspec/decode.ts';
 import {
+  type BootOp,
   type CreateFailure,
   type HeldWrite,
+  type HibernateOp,
   type Job,
   LIFECYCLE_KEYS,
+  type OpRetry,
+  type PodRecord,
   type Progress,
   RUNTIME_KEYS,
 } from './record-types.ts';
 
-export interface PodRecord {
-  readonly key: string;
-  readonly uid: string;
-  /** The tracked copy: the last pod from the watch plus the provider-owned annotations. */
-  readonly pod: V1Pod;
-  /** Decoded VMSpec; `undefined` when the annotations are invalid. */
-  readonly spec: VMSpec | undefined;
-  readonly vm: VmRecord | undefined;
-  /** The bound VM is ours to remove on delete: latched when a managed pod binds it, so
-   * turning `managed` off on a live pod does not leak the VM (docs/decisions.md). */
-  readonly ownsVm: boolean;
-  /** Last resolved IP. */
-  readonly ip: string;
-  readonly startTime: Date | undefined;
-  /** When a VM was bound in this process (monotonic ms; t0 candidate of the ready deadline). */
-  readonly boundAt: number | undefined;
-  /** Clone, fork, clone-from-dir or restore: fixup and IP wait apply. */
-  readonly clonedBoot: boolean;
-  /** The clone source snapshot's image (cloudimg vs OCI); '' when unknown. */
-  readonly sourceImage: string;
-  readonly intent: IntentRecord | undefined;
-  readonly progress: Progress | undefined;
-  readonly job: Job | undefined;
-  readonly probeReady: boolean;
-  readonly lastStatus: PodStatus | undefined;
-  /** Event reason of a post-clone failure seen by this process (row 5 override). */
-  readonly postCloneFailureReason: string | undefined;
-  readonly deleting: boolean;
-  readonly termination: PodTermination | undefined;
-  /** resourceVersion returned by our last annotation patch (R6 watch-lag filter). */
-  readonly lastWriteRV: string | undefined;
-  /** Current step, shown in the pod's readiness condition (since: monotonic ms). */
-  readonly step: { readonly name: string; readonly since: number } | undefined;
-  /** A bring-up for this record is queued or running: it claims the VM name. */
-  readonly bringingUp: boolean;
-  /** The last create attempt failed and no VM is bound (docs/decisions.md, create failures). */
-  readonly createFailure: CreateFailure | undefined;
-  /** The pod's generation went below the published one (logged once). */
-  readonly generationWentDown: boolean;
-  /** Changes held back for the next write (bring-up coalescing). */
-  readonly held: HeldWrite | undefined;
-  /** JSON of the last status the provider wrote itself (merged writes), for de-duplication. */
-  readonly writtenStatus: string | undefined;
-}
+export type { PodRecord };
 
 type Mutable<T> = { -readonly [K in keyof T]: T[K] };
 const m = (rec: PodRecord) => rec as Mutable<PodRecord>;
@@ -98,6 +58,11 @@ export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): Po
     generationWentDown: false,
     held: undefined,
     writtenStatus: undefined,
+    bootOp: 'create',
+    chWindowsRestore: false,
+    waking: false,
+    hibernate: undefined,
+    opRetry: undefined,
   };
 }
 
@@ -107,10 +72,19 @@ export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): Po
 export function bindVm(
   rec: PodRecord,
   vm: VmRecord,
-  opts: { owns: boolean; clonedBoot?: boolean; sourceImage?: string; startTime?: Date },
+  opts: {
+    owns: boolean;
+    clonedBoot?: boolean;
+    sourceImage?: string;
+    startTime?: Date;
+    bootOp?: BootOp;
+    chWindowsRestore?: boolean;
+  },
 ): void {
   const r = m(rec);
   r.vm = vm;
+  r.bootOp = opts.bootOp ?? 'create';
+  r.chWindowsRestore = opts.chWindowsRestore ?? false;
   r.ownsVm = opts.owns;
   if (opts.clonedBoot !== undefined) r.clonedBoot = opts.clonedBoot;
   if (opts.sourceImage !== undefined) r.sourceImage = opts.sourceImage;
@@ -120,9 +94,20 @@ export function bindVm(
   progressFor(rec, vm.id);
 }
 
-/** Forgets the bound VM (an unmanaged pod re-pointed to another ID). */
+/** The ready deadline counts again from now (a lifted hibernate failure). */
+export function restartReadyClock(rec: PodRecord): void {
+  m(rec).boundAt = monoNow();
+}
+
+/** Forgets the bound VM (an unmanaged pod re-pointed to another ID, a hibernated VM). */
 export function unbindVm(rec: PodRecord): void {
   m(rec).vm = undefined;
+  m(rec).ip = '';
+}
+
+/** A newer record of the same VM (its NICs changed: a hibernate rollback re-added one). */
+export function refreshVm(rec: PodRecord, vm: VmRecord): void {
+  if (rec.vm?.id === vm.id) m(rec).vm = vm;
 }
 
 export function setIp(rec: PodRecord, ip: string): void {
@@ -292,4 +277,20 @@ export function markWarned(rec: PodRecord, reason: string): boolean {
 
 export function setJob(rec: PodRecord, job: Job | undefined): void {
   m(rec).job = job;
+}
+
+// ---- hibernate, wake and op retry -----------------------------------------------------
+
+export function setWaking(rec: PodRecord, on: boolean): void {
+  m(rec).waking = on;
+}
+
+export function setHibernateOp(rec: PodRecord, op: HibernateOp | undefined): void {
+  m(rec).hibernate = op;
+}
+
+/** Replaces the op retry (its previous timer cleared). */
+export function setOpRetry(rec: PodRecord, retry: OpRetry | undefined): void {
+  if (rec.opRetry?.timer && rec.opRetry.timer !== retry?.timer) clearTimeout(rec.opRetry.timer);
+  m(rec).opRetry = retry;
 }

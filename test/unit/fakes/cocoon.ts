@@ -157,7 +157,8 @@ export class FakeCocoon {
     if (group === 'vm' && verb === 'clone') {
       const name = argv[argv.indexOf('--name') + 1] ?? '';
       if (this.#find(name)) this.#fail(argv, `vm name "${name}" already exists`);
-      if (!this.snapshots.has(last)) this.#fail(argv, `snapshot not found: ${last}`);
+      const fromDir = argv.includes('--from-dir');
+      if (!fromDir && !this.snapshots.has(last)) this.#fail(argv, `snapshot not found: ${last}`);
       const snap = this.snapshots.get(last);
       const vm = this.addVm(name, { hypervisor: snap?.hypervisor ?? 'cloud-hypervisor' });
       if (snap?.staticIp) vm.nics[0]!.network = { ip: snap.staticIp, gateway: '10.0.0.1', prefix: 24 };
@@ -169,6 +170,34 @@ export class FakeCocoon {
     }
     if (group === 'snapshot' && verb === 'rm') {
       if (!this.snapshots.delete(last)) this.#fail(argv, `snapshot not found: ${last}`);
+      return { stdout: '', stderr: '' };
+    }
+    if (group === 'snapshot' && verb === 'save') {
+      const name = argv[argv.indexOf('--name') + 1] ?? '';
+      const vm = this.#find(last);
+      if (!vm) this.#fail(argv, `vm not found: ${last}`);
+      if (this.snapshots.has(name)) this.#fail(argv, `snapshot name "${name}" already exists`);
+      this.snapshot(name, { image: vm.image, hypervisor: vm.hypervisor });
+      return { stdout: `snap-${name}\n`, stderr: '' };
+    }
+    if (group === 'snapshot' && verb === 'list') {
+      return {
+        stdout: JSON.stringify(
+          [...this.snapshots.values()].map((s) => ({
+            id: `snap-${s.name}`,
+            name: s.name,
+            image: s.image,
+            hypervisor: s.hypervisor,
+          })),
+        ),
+        stderr: '',
+      };
+    }
+    if (group === 'vm' && verb === 'net') {
+      const vm = this.#find(last);
+      if (!vm) this.#fail(argv, `vm not found: ${last}`);
+      const n = Number(argv[argv.indexOf('--nics') + 1]);
+      vm.nics = Array.from({ length: n }, (_, i) => vm.nics[i] ?? { mac: `02:00:00:00:ff:${i}${this.#seq}` });
       return { stdout: '', stderr: '' };
     }
     if (group === 'vm' && verb === 'exec') return { stdout: '', stderr: '' };

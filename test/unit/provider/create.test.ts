@@ -194,35 +194,46 @@ describe('a superseded fixup job', () => {
   });
 });
 
-describe('requests of tiers not built yet fail loudly', () => {
-  for (const [what, extra, re] of [
-    [
-      'fork-from',
-      { 'vm.cocoonstack.io/fork-from': 'vk-main-0' },
-      /^fork-from: forking from vk-main-0 is not supported/,
-    ],
-    ['clone-from-dir', { 'vm.cocoonstack.io/clone-from-dir': '/srv/vm' }, /^clone-from-dir: /],
-    [
-      'restore-from-hibernate',
-      { 'vm.cocoonstack.io/restore-from-hibernate': 'true' },
-      /^restore-from-hibernate: .*the pod was not booted fresh/,
-    ],
-  ] as const) {
-    test(`${what}: failed with the reason, never a fresh clone in its place`, async () => {
-      h = harness();
-      h.cocoon.snapshot('acme/agent');
-      await h.provider.createPod(clonePod(`nb-${what}`, extra));
-      await until('failed', () => states(h!, `nb-${what}`).includes('failed'));
-      const msg = h.patches(`nb-${what}`).find((a) => a[STATE] === 'failed')?.[
-        'vm.cocoonstack.io/lifecycle-state-message'
-      ];
-      assert.match(String(msg), re);
-      assert.equal(h.cocoon.callsOf('vm clone').length, 0);
-      assert.ok(h.events.some((e) => e.type === 'Warning' && e.reason === 'CreateBringUpFailed'));
-    });
-  }
+describe('restore, fork-from and clone-from-dir', () => {
+  test('restore-from-hibernate with no hibernated state anywhere: failed with the reason, never a fresh clone', async () => {
+    h = harness();
+    h.cocoon.snapshot('acme/agent');
+    await h.provider.createPod(clonePod('rs-0', { 'vm.cocoonstack.io/restore-from-hibernate': 'true' }));
+    await until('failed', () => states(h!, 'rs-0').includes('failed'));
+    const msg = h.patches('rs-0').find((a) => a[STATE] === 'failed')?.[
+      'vm.cocoonstack.io/lifecycle-state-message'
+    ];
+    assert.match(String(msg), /no hibernated state for VM vk-rs-0/);
+    assert.equal(h.cocoon.callsOf('vm clone').length, 0);
+    assert.ok(h.events.some((e) => e.type === 'Warning' && e.reason === 'WakePullFailed'));
+  });
 
-  test('an explicit snapshot-policy on delete: Warning SnapshotPolicyUnsupported, the VM is removed', async () => {
+  test('fork-from a VM no pod of the namespace holds: failed, nothing saved or cloned', async () => {
+    h = harness();
+    h.cocoon.addVm('vk-other-main');
+    await h.provider.createPod(clonePod('fk-0', { 'vm.cocoonstack.io/fork-from': 'vk-other-main' }));
+    await until('failed', () => states(h!, 'fk-0').includes('failed'));
+    const msg = h.patches('fk-0').find((a) => a[STATE] === 'failed')?.[
+      'vm.cocoonstack.io/lifecycle-state-message'
+    ];
+    assert.match(String(msg), /fork-from: VM vk-other-main is not held by a pod in namespace ns/);
+    assert.equal(h.cocoon.callsOf('snapshot save').length, 0);
+    assert.equal(h.cocoon.callsOf('vm clone').length, 0);
+  });
+
+  test('clone-from-dir: vm clone --pull --from-dir <dir>', async () => {
+    h = harness();
+    await h.provider.createPod(clonePod('cd-0', { 'vm.cocoonstack.io/clone-from-dir': '/srv/vm' }));
+    await until(
+      'bound',
+      () => !!h!.provider.getPod('ns', 'cd-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
+    );
+    const argv = h.cocoon.callsOf('vm clone')[0]!.argv;
+    assert.ok(argv.includes('--pull'));
+    assert.deepEqual(argv.slice(-2), ['--from-dir', '/srv/vm']);
+  });
+
+  test('an explicit snapshot-policy without a registry: Warning SnapshotPolicyNoRegistry, the VM is removed', async () => {
     h = harness();
     h.cocoon.snapshot('acme/agent');
     const pod = clonePod('pol-0', { 'cocoonset.cocoonstack.io/snapshot-policy': 'always' });
@@ -232,8 +243,9 @@ describe('requests of tiers not built yet fail loudly', () => {
       () => !!h!.provider.getPod('ns', 'pol-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
     );
     await h.provider.deletePod(pod);
-    assert.ok(h.events.some((e) => e.reason === 'SnapshotPolicyUnsupported' && e.message.includes('always')));
+    assert.ok(h.events.some((e) => e.reason === 'SnapshotPolicyNoRegistry' && e.message.includes('always')));
     assert.equal(h.cocoon.vms.size, 0);
+    assert.equal(h.cocoon.callsOf('snapshot save').length, 0);
     // No explicit policy: no warning.
     const quiet = clonePod('pol-1');
     await h.provider.createPod(quiet);
@@ -242,6 +254,6 @@ describe('requests of tiers not built yet fail loudly', () => {
       () => !!h!.provider.getPod('ns', 'pol-1')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
     );
     await h.provider.deletePod(quiet);
-    assert.equal(h.events.filter((e) => e.reason === 'SnapshotPolicyUnsupported').length, 1);
+    assert.equal(h.events.filter((e) => e.reason === 'SnapshotPolicyNoRegistry').length, 1);
   });
 });

@@ -12,7 +12,7 @@ import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
 import type { PodStatusSink, StatusWriteOptions } from '../../../src/pods/ports.ts';
 import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
-import type { SnapshotPuller } from '../../../src/provider/cocoon/context.ts';
+import type { SnapshotPuller, SnapshotStore } from '../../../src/provider/cocoon/context.ts';
 import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import { CocoonProvider } from '../../../src/provider/cocoon/provider.ts';
 import { FakeCocoon } from '../fakes/cocoon.ts';
@@ -72,6 +72,8 @@ export function harness(
      * de-duplication against the API copy, pending until `start`) instead of recording
      * sinks. */
     realStatusWriter?: boolean;
+    /** The registry side of hibernate and wake (unset: no registry configured). */
+    store?: (cocoon: FakeCocoon) => SnapshotStore;
   } = {},
 ): Harness {
   const dir = mkdtempSync(join(tmpdir(), 'vk-unit-'));
@@ -133,6 +135,7 @@ export function harness(
     nodeIP: '127.0.0.1',
     lifetime: lifetime.signal,
     puller: opts.puller,
+    store: opts.store?.(cocoon),
   });
   return {
     provider,

@@ -1,6 +1,6 @@
 // The cocoon provider's UpdatePod and DeletePod, in process (fake Kubernetes client, fake
 // cocoon runner, real lease file): generation echo, stale copies (R6), annotations that stop
-// decoding, `managed` turned off, unmanaged pods re-pointed, hibernate refused; and what a
+// decoding, `managed` turned off, unmanaged pods re-pointed, a local hibernate; and what a
 // delete removes (docs/decisions.md: "Lifecycle", "VM ownership", "Create failures").
 import assert from 'node:assert/strict';
 import { afterEach, describe, test } from 'node:test';
@@ -168,20 +168,25 @@ describe('UpdatePod', () => {
     assert.ok(h.cocoon.vms.has(first.id) && h.cocoon.vms.has(second.id));
   });
 
-  test('hibernate on a ready pod: failed with a hibernate: message and Warning HibernateUnsupported; the VM stays', async () => {
+  test('hibernate on a ready pod without a registry: saved locally, the id cleared before the VM is removed, hibernated', async () => {
     h = harness();
     const { pod, vm } = await readyPod(h, 'hib-0');
     await h.provider.updatePod(apiCopy(h, pod, '900000', { 'vm.cocoonstack.io/hibernate': 'true' }));
-    await settle();
-    const failed = h.patches('hib-0').filter((a) => a[STATE] === 'failed');
-    assert.equal(failed.length, 1);
-    assert.match(String(failed[0]![MESSAGE]), /^hibernate: /);
-    const warn = h.events.filter((e) => e.reason === 'HibernateUnsupported');
-    assert.equal(warn.length, 1);
-    assert.equal(warn[0]!.type, 'Warning');
-    assert.match(warn[0]!.message, /^update: hibernate: /);
-    assert.ok(h.cocoon.vms.has(vm.id));
-    assert.equal(h.cocoon.callsOf('vm rm').length, 0);
+    await until('hibernated', () => states(h!, 'hib-0').includes('hibernated'));
+    assert.deepEqual(states(h, 'hib-0').slice(-2), ['hibernating', 'hibernated']);
+    assert.deepEqual(
+      h.cocoon.callsOf('snapshot save').map((c) => c.argv),
+      [['snapshot', 'save', '--name', 'vk-hib-0', vm.id]],
+    );
+    assert.ok(!h.cocoon.vms.has(vm.id), 'VM removed');
+    assert.ok(h.cocoon.snapshots.has('vk-hib-0'), 'local copy kept');
+    const cleared = h.writes('hib-0').find((w) => w.annotations && w.annotations[VM_ID] === null);
+    const rm = h.cocoon.callsOf('vm rm')[0]!;
+    assert.ok(cleared && cleared.at < rm.at, 'the id is cleared before the VM is removed');
+    const ev = h.events.find((e) => e.reason === 'Hibernated');
+    assert.equal(ev?.type, 'Normal');
+    assert.match(ev?.message ?? '', /saved locally/);
+    assert.equal(h.provider.getPod('ns', 'hib-0')?.metadata?.annotations?.[VM_ID], undefined);
   });
 });
 

@@ -11,6 +11,7 @@ import { isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { hold, holding, patchAnnotations, publish } from '../publication/held.ts';
 import { refreshIp } from '../publication/status.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
+import type { BootOp } from '../record-types.ts';
 import {
   annotationsOf,
   applyAnnotations,
@@ -26,11 +27,11 @@ export async function bind(
   ctx: ProviderContext,
   rec: PodRecord,
   vm: VmRecord,
-  opts: { clonedBoot: boolean; sourceImage?: string },
+  opts: { clonedBoot: boolean; sourceImage?: string; bootOp?: BootOp; chWindowsRestore?: boolean },
 ): Promise<void> {
   if (!isCurrent(ctx, rec)) return;
   const previousId = annotationsOf(rec)[VM_ID] ?? '';
-  bindVm(rec, vm, { owns: true, clonedBoot: opts.clonedBoot, sourceImage: opts.sourceImage });
+  bindVm(rec, vm, { owns: true, ...opts });
   await refreshIp(ctx, rec);
   const changes: Record<string, string | null> = { [VM_ID]: vm.id, [VM_IP]: rec.ip || null };
   if (previousId !== vm.id) {

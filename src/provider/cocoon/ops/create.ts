@@ -5,34 +5,37 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import { guestProfile } from '../../../guest/profiles.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
+import type { Logger } from '../../../log.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { type BringUpResult, cloneBringUp, isTransientCreateError, runBringUp } from '../bringup.ts';
 import { holderOfName } from '../claims.ts';
 import { decodeSpec, generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { publish } from '../publication/held.ts';
-import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
-import { newRecord, type PodRecord, setBringingUp, setIntent, setSpec, setStep } from '../state.ts';
+import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
+import {
+  newRecord,
+  type PodRecord,
+  setBringingUp,
+  setIntent,
+  setOpRetry,
+  setSpec,
+  setStep,
+  setWaking,
+} from '../state.ts';
 import { adoptByName, adoptUnmanaged, salvageByName } from './adopt.ts';
 import { bind, detach } from './bind.ts';
+import { wakeOwed } from './drive.ts';
 import { cancelRetry, createFailed, parkFailed } from './failure.ts';
-import { refuseHibernate } from './hibernate.ts';
+import { HIBERNATE_PREFIX } from './hibernate.ts';
+import { LifecycleError, restoreBringUp, WAKE_PREFIX } from './restore.ts';
+import { scheduleOpRetry } from './retry.ts';
+import { dirBringUp, dropStaleFork, forkBringUp, planSource, type SourcePlan } from './sources.ts';
 
 export const keyOf = (pod: V1Pod) => `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
 
 function nameHeldMessage(vmName: string, holder: PodRecord): string {
   const vm = holder.vm ? ` (VM ${holder.vm.id})` : '';
   return `VM name ${vmName} is already used by pod ${holder.key}${vm}; two pods never share a VM: give this pod a distinct vm.cocoonstack.io/name`;
-}
-
-/** Requests of the next tier that this release decodes but cannot honour: refused loudly,
- * never a fresh boot in their place (docs/decisions.md, "Not built yet"). */
-function unbuiltFeature(spec: VMSpec): string | undefined {
-  const notYet = 'is not supported by this vk-cocoon release (its tier is not built yet)';
-  if (spec.restoreFromHibernate)
-    return `restore-from-hibernate: restoring hibernated state ${notYet}; the pod was not booted fresh`;
-  if (spec.forkFrom) return `fork-from: forking from ${spec.forkFrom} ${notYet}`;
-  if (spec.cloneFromDir) return `clone-from-dir: cloning from ${spec.cloneFromDir} ${notYet}`;
-  return undefined;
 }
 
 /** Validation and the claim of a create attempt (inside the pod's queue). Returns the
@@ -66,7 +69,9 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
     // restarts, and only a generation bump (or an input change seen live) re-runs it.
     const seeded = seedFromAnnotations(uid, pod.metadata?.annotations);
     setIntent(rec, seeded);
-    if (seeded?.state === 'failed' && generationOf(pod) <= seeded.generation) {
+    // A failed hibernate or wake is not parked: its op retry survives the restart.
+    const opFailure = [HIBERNATE_PREFIX, WAKE_PREFIX].some((p) => seeded?.message.startsWith(p));
+    if (seeded?.state === 'failed' && !opFailure && generationOf(pod) <= seeded.generation) {
       parkFailed(rec, seeded.message, seeded.generation);
       log.info({ message: seeded.message }, 'pod was published failed at its generation; parked');
       publish(ctx, rec);
@@ -83,26 +88,25 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
   const spec = decoded.spec;
   for (const w of decoded.warnings) log.warn({ key: w.key }, w.message);
 
+  // A pod published hibernated (or caught between the VM's removal and `hibernated`) that
+  // still asks for hibernate keeps its state: the bring-up confirms it from the registry
+  // without a `creating` in between (no write when it is right).
+  const seededState = rec.intent?.state;
+  const confirmHibernated =
+    spec.managed && spec.hibernate && (seededState === 'hibernated' || seededState === 'hibernating');
+  // After a restart, a pod that was hibernated, or whose wake failed, is owed a wake.
+  if (fresh && spec.managed && !spec.hibernate && rec.intent && wakeOwed(rec)) setWaking(rec, true);
   // Claim the incarnation (R1). A re-run after a failure is a new attempt (R4): it only
   // happens when the pod's create inputs changed or its generation went up.
-  if (stageLifecycle(ctx, rec, 'creating')) await flushIntent(ctx, rec);
+  if (!confirmHibernated && stageLifecycle(ctx, rec, 'creating')) await flushIntent(ctx, rec);
 
   if (!spec.managed) {
     await adoptUnmanaged(ctx, rec, spec);
     return undefined;
   }
-  if (spec.hibernate) {
-    await refuseHibernate(ctx, rec, 'create');
-    return undefined;
-  }
   const guest = guestProfile(spec.os);
   if (!guest.supported.ok) {
     await createFailed(ctx, rec, 'CreateBringUpFailed', guest.supported.message, false);
-    return undefined;
-  }
-  const unbuilt = unbuiltFeature(spec);
-  if (unbuilt) {
-    await createFailed(ctx, rec, 'CreateBringUpFailed', unbuilt, false);
     return undefined;
   }
   const holder = holderOfName(ctx.pods, key, spec.vmName);
@@ -131,18 +135,21 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
     const log = logFor(ctx, rec);
     const started = performance.now();
     setStep(rec, 'BringingUp');
-    let result: BringUpResult;
+    let result: BringUpResult & { source: string };
+    let plan: SourcePlan | undefined;
     try {
-      result =
-        spec.mode === 'run'
-          ? await runBringUp(ctx, spec, log)
-          : await cloneBringUp(ctx, spec, ctx.puller, log);
+      plan = await planSource(ctx, rec, spec, log);
+      if (plan.kind === 'hibernated') {
+        await confirmHibernated(ctx, rec, plan.where);
+        return;
+      }
+      if (plan.kind !== 'restore') await dropStaleFork(ctx, spec.vmName, log);
+      result = await bringUpFrom(ctx, rec, spec, plan, log);
     } catch (err) {
       // The VM may exist all the same: a clone that printed its record and then failed to
       // settle, or one that finished after a restart and now holds the name.
       if (await salvageByName(ctx, rec, spec, err)) return;
-      const message = err instanceof Error ? err.message : String(err);
-      await createFailed(ctx, rec, 'CreateBringUpFailed', message, isTransientCreateError(err));
+      await bringUpFailed(ctx, rec, plan, err);
       return;
     }
     ctx.metrics.bootDuration(
@@ -151,10 +158,77 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
       spec.backend,
       (performance.now() - started) / 1000,
     );
-    await bind(ctx, rec, result.vm, { clonedBoot: result.clonedBoot, sourceImage: result.sourceImage });
-    ctx.metrics.podLifecycle('create', 'ok', '');
-    log.info({ vmId: result.vm.id, ms: Math.round(performance.now() - started) }, 'VM up');
+    const woken = plan.kind === 'restore';
+    await bind(ctx, rec, result.vm, {
+      clonedBoot: result.clonedBoot,
+      sourceImage: result.sourceImage,
+      bootOp: woken ? 'wake' : 'create',
+      chWindowsRestore: woken && spec.backend === 'cloud-hypervisor' && spec.os === 'windows',
+    });
+    setWaking(rec, false);
+    setOpRetry(rec, undefined);
+    ctx.metrics.podLifecycle(rec.bootOp === 'wake' ? 'update' : 'create', 'ok', '');
+    if (woken) ctx.events.event(rec.pod, 'Normal', 'Woken', `cloned from ${result.source}`);
+    log.info(
+      { vmId: result.vm.id, ms: Math.round(performance.now() - started), source: result.source },
+      'VM up',
+    );
   } finally {
     setBringingUp(rec, false);
   }
+}
+
+/** The bring-up of a planned source. */
+async function bringUpFrom(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  spec: VMSpec,
+  plan: SourcePlan,
+  log: Logger,
+): Promise<BringUpResult & { source: string }> {
+  switch (plan.kind) {
+    case 'restore': {
+      const r = await restoreBringUp(ctx, spec, log);
+      return { vm: r.vm, clonedBoot: true, sourceImage: '', source: r.source };
+    }
+    case 'dir':
+      return { ...(await dirBringUp(ctx, spec)), source: spec.cloneFromDir };
+    case 'fork':
+      return { ...(await forkBringUp(ctx, rec, spec, log)), source: `fork-${spec.forkFrom}` };
+    case 'run':
+      return { ...(await runBringUp(ctx, spec, log)), source: spec.image };
+    default:
+      return { ...(await cloneBringUp(ctx, spec, ctx.puller, log)), source: spec.image };
+  }
+}
+
+/** A failed bring-up: a wake fails the pod with a `wake: ` message and is op-retried; a
+ * create records its failure (retried on backoff when transient, ops/failure.ts). */
+async function bringUpFailed(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  plan: SourcePlan | undefined,
+  err: unknown,
+): Promise<void> {
+  const message = err instanceof Error ? err.message : String(err);
+  const reason = err instanceof LifecycleError ? err.reason : 'CreateBringUpFailed';
+  if (rec.waking && plan?.kind === 'restore') {
+    ctx.metrics.wake('failed');
+    scheduleOpRetry(ctx, rec, 'wake');
+    await failOp(ctx, rec, 'update', reason, `${WAKE_PREFIX}${message}`);
+    return;
+  }
+  const transient = err instanceof LifecycleError ? err.transient : isTransientCreateError(err);
+  await createFailed(ctx, rec, reason, message, transient);
+}
+
+/** Hibernate requested and the state is saved: the pod is `hibernated`, with no VM. */
+async function confirmHibernated(ctx: ProviderContext, rec: PodRecord, where: string): Promise<void> {
+  setWaking(rec, false);
+  if (stageLifecycle(ctx, rec, 'hibernated')) {
+    setStep(rec, 'Hibernated');
+    await flushIntent(ctx, rec);
+  }
+  publish(ctx, rec);
+  logFor(ctx, rec).info({ where }, 'hibernated state confirmed; nothing to boot');
 }

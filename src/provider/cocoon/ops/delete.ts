@@ -3,15 +3,20 @@
 // held a VM of its own (unmanaged, failed create, a name another pod holds) removes nothing.
 
 import type { V1Pod } from '@kubernetes/client-node';
-import { removeArgv, snapshotRemoveArgv } from '../../../cocoon/argv.ts';
+import { removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { KEEP_SNAPSHOT_ON_DELETE, SNAPSHOT_POLICY } from '../../../contract/annotations.ts';
+import type { Logger } from '../../../log.ts';
 import { releaseLease } from '../../../net/release.ts';
 import { NotFoundError } from '../../../pods/ports.ts';
+import type { VMSpec } from '../../../vmspec/decode.ts';
+import { inspectVm } from '../bringup.ts';
+import { holderOfName } from '../claims.ts';
 import { logFor, type ProviderContext } from '../context.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
-import { markDeleted, type PodRecord, setDeleting, takeHeld } from '../state.ts';
+import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
+import { markDeleted, type PodRecord, setDeleting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
 import { cancelRetry } from './failure.ts';
 
 export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): Promise<void> {
@@ -21,20 +26,29 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
   const log = logFor(ctx, rec);
   supersedeJobs(rec, 'pod is being deleted');
   cancelRetry(ctx, key);
+  // A hibernate in flight is abandoned (its commit finds the pod gone); no retry outlives it.
+  rec.hibernate?.abort.abort(new Error('pod is being deleted'));
+  setHibernateOp(rec, undefined);
+  setOpRetry(rec, undefined);
   ctx.probes.get(key)?.stop();
   ctx.probes.delete(key);
   const vm = rec.vm;
+  const keep =
+    (pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE] ??
+      rec.pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE]) === 'true';
   if (!rec.ownsVm || !vm) {
+    // A hibernated pod owns the local copy of its state (unless another pod holds the name).
+    const name = rec.spec?.managed ? rec.spec.vmName : '';
+    if (name && !keep && rec.intent?.state === 'hibernated' && !holderOfName(ctx.pods, key, name)) {
+      for (const n of [name, `fork-${name}`]) await dropSnapshot(ctx, n, log);
+    }
     forget(ctx, rec);
     ctx.metrics.podLifecycle('delete', 'skipped', rec.spec?.managed === false ? 'unmanaged' : 'no_vm');
     return;
   }
-  const keep =
-    (pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE] ??
-      rec.pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE]) === 'true';
-  warnUnbuiltSnapshotPolicy(ctx, rec);
   setDeleting(rec, true);
   try {
+    await snapshotBeforeDelete(ctx, rec, vm, log);
     try {
       await ctx.cli.run(removeArgv(vm.id), { timeoutMs: 60_000 });
     } catch (err) {
@@ -45,13 +59,11 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
     // Lease release only after a confirmed removal.
     await releaseLeases(ctx, vm);
     if (!keep && vm.name) {
-      for (const name of [vm.name, `fork-${vm.name}`]) {
-        await ctx.cli.run(snapshotRemoveArgv(name), { timeoutMs: 10_000 }).catch(() => {});
-      }
+      for (const name of [vm.name, `fork-${vm.name}`]) await dropSnapshot(ctx, name, log);
     }
   } catch (err) {
     setDeleting(rec, false);
-    ctx.metrics.podLifecycle('delete', 'failed', 'remove');
+    ctx.metrics.podLifecycle('delete', 'failed', err instanceof SnapshotKeptVm ? 'snapshot' : 'remove');
     log.warn({ err: String(err) }, 'delete failed; the pod stays Terminating and is retried');
     throw err;
   }
@@ -61,17 +73,72 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
   log.info({ vmId: vm.id }, 'VM removed');
 }
 
-/** A delete-time snapshot the pod explicitly asked for (`snapshot-policy: always`, or
- * `main-only` on a main agent) is not built yet: the delete proceeds, and says loudly that no
- * `:latest` snapshot was pushed (docs/decisions.md, "Not built yet"). */
-function warnUnbuiltSnapshotPolicy(ctx: ProviderContext, rec: PodRecord): void {
-  const raw = rec.pod.metadata?.annotations?.[SNAPSHOT_POLICY];
+class SnapshotKeptVm extends Error {}
+
+/** The delete-time snapshot (docs/contracts/pod-to-vm.md, "Delete with a snapshot policy"):
+ * with a registry, a running VM whose policy asks for it is saved and pushed to
+ * `<vmName>:latest` before it is removed; any failure keeps the VM and the pod Terminating
+ * (retried). Without a registry an explicit policy is reported, never silently dropped. */
+async function snapshotBeforeDelete(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  vm: VmRecord,
+  log: Logger,
+): Promise<void> {
   const spec = rec.spec;
-  if (!spec || raw === undefined || spec.snapshotPolicy === 'never') return;
-  if (spec.snapshotPolicy === 'main-only' && spec.role !== 'main') return;
-  const message = `delete: snapshot-policy ${spec.snapshotPolicy}: the delete-time snapshot push is not supported by this vk-cocoon release; VM ${rec.vm?.name} is removed without a :latest snapshot`;
-  ctx.events.event(rec.pod, 'Warning', 'SnapshotPolicyUnsupported', message);
-  logFor(ctx, rec).warn({ policy: spec.snapshotPolicy }, message);
+  if (!spec?.managed || !shouldSnapshot(spec)) return;
+  if (!ctx.store) {
+    if (rec.pod.metadata?.annotations?.[SNAPSHOT_POLICY] === undefined) return;
+    const message = `delete: snapshot-policy ${spec.snapshotPolicy}: no registry is configured (OCI_REGISTRY); VM ${vm.name} is removed without a :latest snapshot`;
+    ctx.events.event(rec.pod, 'Warning', 'SnapshotPolicyNoRegistry', message);
+    log.warn({ policy: spec.snapshotPolicy }, message);
+    return;
+  }
+  const ns = rec.pod.metadata?.namespace ?? '';
+  const fail = (what: string, err: unknown) =>
+    new SnapshotKeptVm(
+      `kept VM ${vm.id}: delete-time snapshot: ${what}: ${err instanceof Error ? err.message : String(err)}`,
+    );
+  let live: VmRecord | undefined;
+  try {
+    live = await inspectVm(ctx, vm.id);
+  } catch (err) {
+    throw fail('inspect', err);
+  }
+  if (live?.state !== 'running') return; // a stopped or vanished VM is not snapshotted
+  const started = performance.now();
+  try {
+    await saveSnapshot(ctx, spec.vmName, vm.id, { log });
+    ctx.metrics.snapshotSave(ns, 'ok', (performance.now() - started) / 1000);
+  } catch (err) {
+    ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
+    throw fail('snapshot save', err);
+  }
+  const pushed = performance.now();
+  try {
+    const r = await ctx.store.push({
+      localName: spec.vmName,
+      repo: spec.vmName,
+      tag: 'latest',
+      baseImage: rec.pod.spec?.containers?.[0]?.image ?? '',
+      log,
+    });
+    ctx.metrics.snapshotPush(ns, 'ok', (performance.now() - pushed) / 1000);
+    log.info(
+      { digest: r.digest, snapshotId: r.snapshotId },
+      `pushed ${spec.vmName}:latest before removing the VM`,
+    );
+  } catch (err) {
+    ctx.metrics.snapshotPush(ns, 'failed', (performance.now() - pushed) / 1000);
+    throw fail(`push ${spec.vmName}:latest`, err);
+  }
+}
+
+/** `never` ⇒ no; `main-only` ⇒ a main agent only; `always`, empty or unknown ⇒ yes. */
+export function shouldSnapshot(spec: Pick<VMSpec, 'snapshotPolicy' | 'role'>): boolean {
+  if (spec.snapshotPolicy === 'never') return false;
+  if (spec.snapshotPolicy === 'main-only') return spec.role === 'main';
+  return true;
 }
 
 /** Releases the DHCP leases of a removed VM's NICs through cocoon-net's control socket. */

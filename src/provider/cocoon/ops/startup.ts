@@ -22,6 +22,7 @@ import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
 import { decodeSpec, type ProviderContext } from '../context.ts';
 import { patchAnnotations, publish } from '../publication/held.ts';
 import { refreshIp } from '../publication/status.ts';
+import { indexLocalSnapshots } from '../snapshots.ts';
 import {
   applyAnnotations,
   bindVm,
@@ -34,7 +35,6 @@ import {
 import { adoptUnmanaged } from './adopt.ts';
 import { keyOf } from './create.ts';
 import { releaseLeases } from './delete.ts';
-import { refuseHibernate } from './hibernate.ts';
 
 export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
   const { stdout } = await ctx.cli.run(listArgv(), { timeoutMs: 60_000 });
@@ -124,15 +124,16 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
   }
 
   await sweepOrphans(ctx, listed.value, claimed, referencedVms(live));
+  await indexLocalSnapshots(ctx);
   ctx.startupDoneAt = monoNow();
   for (const rec of [...ctx.pods.values()]) {
     if (rec.vm && rec.ownsVm) {
       seedProbe(rec);
       ctx.startProbe(rec, { ready: rec.probeReady });
     }
-    // A hibernate request that arrived while the daemon was down is handled like a live one.
-    if (rec.ownsVm && rec.spec?.hibernate && rec.intent?.state !== 'failed')
-      await refuseHibernate(ctx, rec, 'update');
+    // A hibernate requested (or in flight) while the daemon was down resumes from the running
+    // VM: the reconcile drives it (ops/drive.ts).
+    if (rec.vm && rec.ownsVm && rec.spec?.hibernate) ctx.metrics.startupResume('hibernate');
     publish(ctx, rec);
     ctx.reconcileSoon(rec.key);
   }

@@ -1,7 +1,8 @@
 // UpdatePod: track the newer copy (our own annotations never roll back), then decide from
 // it: re-run a failed create only when its inputs changed, report annotations that stopped
-// decoding, keep managing a VM whose `managed` flag was turned off, refuse hibernate, echo a
-// newer generation, and enqueue the readiness reconcile. An update never cancels work in
+// decoding, keep managing a VM whose `managed` flag was turned off, echo a newer generation,
+// hibernate, lift or wake as the hibernate annotation asks (ops/drive.ts), and enqueue the
+// readiness reconcile. An update never cancels work in
 // flight (seed 000).
 
 import type { V1Pod } from '@kubernetes/client-node';
@@ -16,11 +17,10 @@ import { truncateUtf8 } from '../../../util/text.ts';
 import { decodeSpec, generationOf, logFor, type ProviderContext } from '../context.ts';
 import { createInputsKey } from '../inputs.ts';
 import { flushIntent, reassertIfStale, warnOnce } from '../publication/lifecycle.ts';
-import { supersedeJobs } from '../readiness/jobs.ts';
-import { applyAnnotations, retrack, setIntent, setSpec, unbindVm } from '../state.ts';
+import { applyAnnotations, type PodRecord, retrack, setIntent, setSpec, unbindVm } from '../state.ts';
 import { adoptUnmanaged } from './adopt.ts';
 import { claim, keyOf, startBringUp } from './create.ts';
-import { refuseHibernate } from './hibernate.ts';
+import { driveOps, wakeOwed } from './drive.ts';
 
 export async function updatePod(ctx: ProviderContext, pod: V1Pod): Promise<void> {
   const key = keyOf(pod);
@@ -38,6 +38,15 @@ export async function updatePod(ctx: ProviderContext, pod: V1Pod): Promise<void>
   if (!rec.vm) {
     if (rec.bringingUp) {
       await flushIntent(ctx, rec);
+      return;
+    }
+    if (decoded.ok && decoded.spec.managed && wakeOwed(rec)) {
+      // Hibernated (or a failed wake): the generation is echoed, and a withdrawn hibernate
+      // request wakes it (ops/drive.ts).
+      setSpec(rec, decoded.spec);
+      echo(rec, pod);
+      await flushIntent(ctx, rec);
+      await driveOps(ctx, rec);
       return;
     }
     // No VM (a failed or parked create): a new attempt only when the pod's create inputs
@@ -84,19 +93,19 @@ export async function updatePod(ctx: ProviderContext, pod: V1Pod): Promise<void>
     setSpec(rec, decoded.spec);
   }
   if (!rec.spec?.managed) return;
-  if (rec.spec.hibernate && rec.intent?.state !== 'failed') {
-    supersedeJobs(rec, 'hibernate requested');
-    await refuseHibernate(ctx, rec, 'update');
-    return;
-  }
-  // Generation echo (R5): re-stamp the current state with a newer generation.
-  if (rec.intent) {
-    const echo = echoGeneration(rec.intent, generationOf(pod));
-    if (echo.changed) {
-      setIntent(rec, { ...echo.record });
-      applyAnnotations(rec, { [LIFECYCLE_OBSERVED_GENERATION]: echo.record.generation.toString() });
-    }
-  }
+  echo(rec, pod);
   await flushIntent(ctx, rec);
+  // Hibernate, lift (the hibernate annotation decides; a hibernate in flight goes on).
+  await driveOps(ctx, rec);
   ctx.reconcileSoon(key);
+}
+
+/** Generation echo (R5): re-stamp the current state with a newer generation. */
+function echo(rec: PodRecord, pod: V1Pod): void {
+  if (!rec.intent) return;
+  const e = echoGeneration(rec.intent, generationOf(pod));
+  if (e.changed) {
+    setIntent(rec, { ...e.record });
+    applyAnnotations(rec, { [LIFECYCLE_OBSERVED_GENERATION]: e.record.generation.toString() });
+  }
 }

@@ -32,7 +32,11 @@ export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: Lifec
     startTime: rec.startTime,
     image: rec.pod.spec?.containers?.[0]?.image ?? '',
     termination: rec.termination,
-    waitingReason: rec.vm ? undefined : 'ContainerCreating',
+    waitingReason: rec.vm
+      ? undefined
+      : rec.intent?.state === 'hibernated'
+        ? 'Hibernated'
+        : 'ContainerCreating',
     previous: rec.lastStatus,
     now: new Date(),
   });
@@ -56,6 +60,8 @@ function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: Lifecyc
       message: `step CreateBackoff; attempt ${retry.attempts} failed: ${truncateUtf8(retry.message, 512)}; next retry ${wallAt(retry.retryAt).toISOString()}; gives up at ${giveUp}`,
     };
   }
+  const hibernating = hibernateCondition(rec, state);
+  if (hibernating) return hibernating;
   if (!rec.vm) return undefined;
   const t0 = Math.max(rec.boundAt ?? monoNow(), ctx.startupDoneAt);
   const deadline = wallAt(t0 + ctx.config.readyDeadlineSeconds * 1000).toISOString();
@@ -83,3 +89,44 @@ function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: Lifecyc
     message: `step ${step}; ready deadline ${deadline}`,
   };
 }
+
+/** Hibernate and wake in the readiness condition: the phase in flight and the deadline of
+ * every phase, `hibernated`, or a wake restoring the state (docs/decisions.md, "Hibernate
+ * and wake"). */
+function hibernateCondition(rec: PodRecord, state: LifecycleState | '') {
+  const type = 'vm.cocoonstack.io/Readiness';
+  const op = rec.hibernate;
+  if (op && state === 'hibernating') {
+    const phases = Object.entries(op.deadlines)
+      .map(([phase, at]) => `${phase} by ${wallAt(at ?? 0).toISOString()}`)
+      .join(', ');
+    return {
+      type,
+      status: 'False',
+      reason: 'Hibernating',
+      message: `step Hibernating (${op.phase}); deadlines: ${phases}`,
+    };
+  }
+  if (state === 'hibernated' && !rec.vm) {
+    return {
+      type,
+      status: 'False',
+      reason: 'Hibernated',
+      message: 'lifecycle hibernated: the VM is removed and its state saved',
+    };
+  }
+  if (rec.waking && !rec.vm && state === 'creating') {
+    const since = rec.step?.since ?? monoNow();
+    const by = wallAt(since + WAKE_BRINGUP_BUDGET_MS).toISOString();
+    return {
+      type,
+      status: 'False',
+      reason: 'Waking',
+      message: `step Waking (restoring hibernated state); pull and clone by ${by}`,
+    };
+  }
+  return undefined;
+}
+
+/** The longest a wake's pull (30 min cap) and clone (10 min) may take before it fails. */
+const WAKE_BRINGUP_BUDGET_MS = 40 * 60_000;

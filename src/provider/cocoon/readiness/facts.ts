@@ -45,8 +45,8 @@ export function readinessFacts(ctx: ProviderContext, rec: PodRecord): ReadinessF
     postCloneFailureReason: rec.postCloneFailureReason,
     job: job ? { uid: job.uid, vmId: job.vmId, hardDeadline: job.hardDeadline } : undefined,
     clonedBoot: rec.clonedBoot,
-    chWindowsRestore: false,
-    bootOp: 'create',
+    chWindowsRestore: rec.chWindowsRestore,
+    bootOp: rec.bootOp,
     progress: rec.progress
       ? {
           vmId: rec.progress.vmId,

@@ -1,0 +1,110 @@
+// What a managed pod's hibernate annotation asks of its VM, re-derived on every update,
+// readiness reconcile, op retry and after a restart (level-triggered, like the readiness
+// reconcile; docs/contracts/pod-to-vm.md, "UpdatePod" rows 7–10):
+//
+//   hibernate requested, VM present            ⇒ hibernate (unless a failed one waits for its retry)
+//   hibernate requested, no VM                 ⇒ nothing (hibernated; a create is CreatePod's)
+//   not requested, VM present, `hibernating`
+//     or failed with a `hibernate: ` message   ⇒ lift: back to `creating`, then ready
+//   not requested, no VM, `hibernated`
+//     or failed with a `wake: ` message        ⇒ wake (unless a failed one waits for its retry)
+//
+// Runs in the pod's queue; it never starts a second operation while one is in flight.
+import {
+  POST_CLONE_ERRORS,
+  POST_CLONE_HINT,
+  POST_CLONE_STATE,
+  VM_ID,
+  VM_IP,
+} from '../../../contract/annotations.ts';
+import { inspectVm } from '../bringup.ts';
+import { isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { hold } from '../publication/held.ts';
+import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
+import { backendOf } from '../readiness/facts.ts';
+import { type PodRecord, refreshVm, setCreateFailure, setOpRetry, setStep, setWaking } from '../state.ts';
+import { startBringUp } from './create.ts';
+import { backToCreating, HIBERNATE_PREFIX, startHibernate } from './hibernate.ts';
+import { WAKE_PREFIX } from './restore.ts';
+import { retryPending, scheduleOpRetry } from './retry.ts';
+
+/** The pod's published state says a wake is owed (no VM, hibernate not requested). */
+export function wakeOwed(rec: PodRecord): boolean {
+  const state = rec.intent?.state;
+  const message = rec.intent?.message ?? '';
+  return state === 'hibernated' || (state === 'failed' && message.startsWith(WAKE_PREFIX));
+}
+
+/** A hibernate that did not finish left the VM: it goes back to ready when withdrawn. */
+function liftOwed(rec: PodRecord): boolean {
+  const state = rec.intent?.state;
+  const message = rec.intent?.message ?? '';
+  return state === 'hibernating' || (state === 'failed' && message.startsWith(HIBERNATE_PREFIX));
+}
+
+export async function driveOps(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+  if (!isCurrent(ctx, rec) || !rec.spec?.managed || rec.hibernate || rec.bringingUp) return;
+  if (rec.spec.hibernate) {
+    if (!rec.vm || !rec.ownsVm) return;
+    if (rec.intent?.state === 'failed' && retryPending(rec, 'hibernate')) return;
+    await startHibernate(ctx, rec);
+    return;
+  }
+  if (rec.opRetry?.op === 'hibernate') setOpRetry(rec, undefined);
+  if (rec.vm) {
+    if (rec.ownsVm && liftOwed(rec) && !retryPending(rec, 'lift')) await lift(ctx, rec);
+    return;
+  }
+  if (wakeOwed(rec) && !retryPending(rec, 'wake')) await startWake(ctx, rec);
+}
+
+/** Lift (UpdatePod row 10): a CH VM must answer a live inspect as running first; then
+ * `creating` and the readiness reconcile publishes ready. Inconclusive ⇒ op retry. */
+async function lift(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+  const vm = rec.vm;
+  if (!vm) return;
+  const log = logFor(ctx, rec);
+  let live: Awaited<ReturnType<typeof inspectVm>>;
+  try {
+    live = await inspectVm(ctx, vm.id);
+  } catch (err) {
+    log.warn({ err: String(err) }, 'lift: inspect inconclusive; retrying later');
+    scheduleOpRetry(ctx, rec, 'lift');
+    return;
+  }
+  if (!live) {
+    // Gone behind our back: the failure stands (VM deaths are the event watcher's).
+    log.warn('lift: the VM is gone; the pod stays failed');
+    return;
+  }
+  if (backendOf(rec) === 'cloud-hypervisor' && live.state !== 'running') {
+    log.warn({ state: live.state }, 'lift: the VM is not running; retrying later');
+    scheduleOpRetry(ctx, rec, 'lift');
+    return;
+  }
+  refreshVm(rec, live);
+  setOpRetry(rec, undefined);
+  log.info('hibernate withdrawn: the VM is kept and goes back to ready');
+  await backToCreating(ctx, rec);
+}
+
+/** Wake (docs/contracts/pod-to-vm.md, "Wake"): `creating` with the stale runtime annotations
+ * cleared in the same write, then a bring-up that restores the hibernated state. */
+export async function startWake(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+  if (!stageLifecycle(ctx, rec, 'creating')) return;
+  hold(ctx, rec, {
+    annotations: {
+      [VM_ID]: null,
+      [VM_IP]: null,
+      [POST_CLONE_STATE]: null,
+      [POST_CLONE_HINT]: null,
+      [POST_CLONE_ERRORS]: null,
+    },
+  });
+  setWaking(rec, true);
+  setCreateFailure(rec, undefined);
+  setStep(rec, 'Waking');
+  logFor(ctx, rec).info('waking');
+  await flushIntent(ctx, rec);
+  startBringUp(ctx, rec);
+}

@@ -1,0 +1,155 @@
+// Hibernated state on create and wake (docs/registry.md, "Evidence" and "Wake source";
+// docs/contracts/pod-to-vm.md, "Restore" and "Wake"): whether a VM name still owns hibernated
+// state, where a wake restores it from, and the restoring clone.
+
+import type { VmRecord } from '../../../cocoon/records.ts';
+import { CocoonCommandError } from '../../../cocoon/runner.ts';
+import type { Logger } from '../../../log.ts';
+import { inspectSnapshot, SnapshotPullError } from '../../../registry/pull.ts';
+import type { VMSpec } from '../../../vmspec/decode.ts';
+import { cloneFromSource, SettleError } from '../bringup.ts';
+import type { ProviderContext, SnapshotIdentity } from '../context.ts';
+import { dropSnapshot, removeSnapshot } from '../snapshots.ts';
+import type { PodRecord } from '../state.ts';
+
+/** Every wake failure message starts with this (the op retry and a restart recognise it). */
+export const WAKE_PREFIX = 'wake: ';
+
+/** A bring-up refused with an event reason; `transient` failures are retried. */
+export class LifecycleError extends Error {
+  override name = 'LifecycleError';
+  readonly reason: string;
+  readonly transient: boolean;
+  constructor(reason: string, message: string, transient: boolean) {
+    super(message);
+    this.reason = reason;
+    this.transient = transient;
+  }
+}
+
+const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
+
+export function importName(vmName: string): string {
+  return `${vmName}-hibernate-import`;
+}
+
+/** Where the hibernated state of a VM name is: the registry's `<vmName>:hibernate`, or
+ * (without a registry) a local snapshot `<vmName>`; `undefined` when there is none. A registry
+ * that does not answer fails closed (`HibernateEvidenceUnavailable`). */
+export async function hibernateEvidence(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  rec: PodRecord,
+): Promise<{ identity: SnapshotIdentity | undefined; where: string } | undefined> {
+  if (!ctx.store) {
+    return ctx.localSnapshots.has(spec.vmName)
+      ? { identity: undefined, where: `local snapshot ${spec.vmName}` }
+      : undefined;
+  }
+  try {
+    const id = await ctx.store.identity(spec.vmName, 'hibernate', AbortSignal.timeout(60_000));
+    return id === 'absent' ? undefined : { identity: id, where: `${spec.vmName}:hibernate` };
+  } catch (err) {
+    ctx.metrics.hibernateEvidence('unavailable');
+    const message = `cannot tell whether VM ${spec.vmName} has hibernated state (${spec.vmName}:hibernate): ${errText(err)}; not booting it fresh`;
+    ctx.events.event(rec.pod, 'Warning', 'HibernateEvidenceUnavailable', `create: ${message}`.slice(0, 512));
+    throw new LifecycleError('HibernateEvidenceFailed', message, true);
+  }
+}
+
+/** The local snapshot a wake or restore clones from (docs/registry.md, "Wake source"): a local
+ * `<vmName>` verified against the registry (an unverifiable copy is never trusted), else a
+ * registry pull into `<vmName>-hibernate-import`. */
+export async function wakeSource(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  log: Logger,
+): Promise<{
+  name: string;
+  imported: boolean;
+  image: string;
+  snapshot: Awaited<ReturnType<typeof inspectSnapshot>>;
+}> {
+  const vmName = spec.vmName;
+  const local = await inspectSnapshot(ctx.cli, vmName, undefined);
+  if (local) {
+    ctx.localSnapshots.add(vmName);
+    if (!ctx.store) return { name: vmName, imported: false, image: local.image, snapshot: local };
+    let id: SnapshotIdentity | 'absent';
+    try {
+      id = await ctx.store.identity(vmName, 'hibernate', AbortSignal.timeout(60_000));
+    } catch (err) {
+      ctx.metrics.snapshotVerify('error');
+      throw new LifecycleError(
+        'WakePullFailed',
+        `cannot verify the local snapshot ${vmName} against ${vmName}:hibernate: ${errText(err)}; an unverified copy is never used`,
+        true,
+      );
+    }
+    if (id !== 'absent' && id.snapshotId === local.id) {
+      ctx.metrics.snapshotVerify('ok');
+      return { name: vmName, imported: false, image: local.image, snapshot: local };
+    }
+    ctx.metrics.snapshotVerify('stale');
+    log.info(
+      { snapshot: vmName, localId: local.id, registryId: id === 'absent' ? 'absent' : id.snapshotId },
+      'local hibernate copy is stale against the registry; removing it',
+    );
+    await removeSnapshot(ctx, vmName);
+    await dropSnapshot(ctx, `fork-${vmName}`, log);
+  }
+  if (!ctx.store) {
+    throw new LifecycleError(
+      'WakePullFailed',
+      `no hibernated state for VM ${vmName}: no local snapshot ${vmName} and no registry configured`,
+      false,
+    );
+  }
+  const name = importName(vmName);
+  try {
+    log.info({ snapshot: name }, `pulling ${vmName}:hibernate from the registry`);
+    const snap = await ctx.store.pull({ repo: vmName, tag: 'hibernate', localName: name, log });
+    return { name, imported: true, image: snap.image, snapshot: snap };
+  } catch (err) {
+    const absent = err instanceof SnapshotPullError && err.absent;
+    throw new LifecycleError(
+      'WakePullFailed',
+      absent
+        ? `no hibernated state for VM ${vmName}: ${vmName}:hibernate is absent from the registry`
+        : `pull ${vmName}:hibernate: ${errText(err)}`,
+      !absent,
+    );
+  }
+}
+
+/** Restores the pod's VM from its hibernated state: clone with the restore mode, CPU policy,
+ * `--nics 1` for CH+Windows; a cross-node import is removed after the clone. */
+export async function restoreBringUp(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  log: Logger,
+): Promise<{ vm: VmRecord; source: string; chWindows: boolean }> {
+  const src = await wakeSource(ctx, spec, log);
+  const snapshot = src.snapshot;
+  if (!snapshot) throw new LifecycleError('WakePullFailed', `snapshot ${src.name} vanished`, true);
+  const chWindows = spec.backend === 'cloud-hypervisor' && spec.os === 'windows';
+  let vm: VmRecord;
+  try {
+    vm = await cloneFromSource(ctx, spec, { snapshot }, { nics: chWindows ? 1 : undefined });
+  } catch (err) {
+    // A VM that may exist under the name is looked up by the caller (salvage), unwrapped.
+    if (
+      err instanceof SettleError ||
+      (err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken')
+    )
+      throw err;
+    throw new LifecycleError(
+      'WakeCloneFailed',
+      `clone ${spec.vmName} from ${src.name}: ${errText(err)}`,
+      true,
+    );
+  } finally {
+    if (src.imported) void dropSnapshot(ctx, src.name, log);
+  }
+  return { vm, source: src.imported ? `${spec.vmName}:hibernate` : src.name, chWindows };
+}

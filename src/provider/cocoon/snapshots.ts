@@ -1,0 +1,84 @@
+// Local cocoon snapshots the provider makes and removes (docs/contracts/pod-to-vm.md,
+// "Hibernate" step 3, "Fork-from", "Delete with a snapshot policy"), and the index of the
+// names known to exist, so a bring-up checks for a stale `fork-<vmName>` without a cocoon
+// call (docs/decisions.md, "Hibernate and wake").
+import { snapshotListArgv, snapshotRemoveArgv, snapshotSaveArgv } from '../../cocoon/argv.ts';
+import { snapshotHolder } from '../../cocoon/errors.ts';
+import { parseSnapshotList } from '../../cocoon/records.ts';
+import { CocoonCommandError } from '../../cocoon/runner.ts';
+import type { Logger } from '../../log.ts';
+import { pause } from '../../util/deadline.ts';
+import type { ProviderContext } from './context.ts';
+
+/** A save writes the VM's memory and disk: generous, but bounded. */
+export const SAVE_TIMEOUT_MS = 10 * 60_000;
+const REMOVE_TIMEOUT_MS = 10_000;
+/** A leased snapshot (an export or clone reads it) is retried this long, 500 ms apart. */
+const LEASED_RETRY_MS = 30_000;
+const LEASED_RETRY_EVERY_MS = 500;
+
+/** Records every local snapshot name (startup). A failure leaves the index empty: a stale
+ * `fork-<vmName>` is then left in place (a warning says so), never a reason not to start. */
+export async function indexLocalSnapshots(ctx: ProviderContext): Promise<void> {
+  try {
+    const { stdout } = await ctx.cli.run(snapshotListArgv(), { timeoutMs: 60_000 });
+    const listed = parseSnapshotList(stdout);
+    if (!listed.ok) throw new Error(listed.error);
+    for (const s of listed.value) ctx.localSnapshots.add(s.name);
+  } catch (err) {
+    ctx.log.warn({ err: String(err) }, 'cannot list local snapshots; stale fork snapshots are not dropped');
+  }
+}
+
+/** `snapshot save --name <name> <vmId>`. A taken name (a previous save of this VM, a stale
+ * fork) is removed, retried while it is leased, and the save runs once more. */
+export async function saveSnapshot(
+  ctx: ProviderContext,
+  name: string,
+  vmId: string,
+  opts: { signal?: AbortSignal; log: Logger },
+): Promise<void> {
+  const save = () =>
+    ctx.cli.run(snapshotSaveArgv(name, vmId), { timeoutMs: SAVE_TIMEOUT_MS, signal: opts.signal });
+  try {
+    await save();
+  } catch (err) {
+    if (!(err instanceof CocoonCommandError && err.errorClass === 'snapshot_name_taken')) throw err;
+    const holder = snapshotHolder(`${err.message}\n${err.output}`) ?? name;
+    opts.log.info({ snapshot: name, holder }, 'snapshot name taken; removing the holder and saving again');
+    await removeSnapshot(ctx, holder, { signal: opts.signal });
+    await save();
+  }
+  ctx.localSnapshots.add(name);
+}
+
+/** `snapshot rm <ref>`: not found is success; `is in use by an active …` is retried for up to
+ * 30 s. Other failures throw. */
+export async function removeSnapshot(
+  ctx: ProviderContext,
+  ref: string,
+  opts: { signal?: AbortSignal; leasedRetryMs?: number } = {},
+): Promise<void> {
+  const until = performance.now() + (opts.leasedRetryMs ?? LEASED_RETRY_MS);
+  for (;;) {
+    try {
+      await ctx.cli.run(snapshotRemoveArgv(ref), { timeoutMs: REMOVE_TIMEOUT_MS, signal: opts.signal });
+      break;
+    } catch (err) {
+      if (err instanceof CocoonCommandError && err.errorClass === 'snapshot_not_found') break;
+      const leased = err instanceof CocoonCommandError && err.errorClass === 'snapshot_leased';
+      if (!leased || performance.now() >= until) throw err;
+      await pause(LEASED_RETRY_EVERY_MS, opts.signal ?? ctx.lifetime);
+    }
+  }
+  ctx.localSnapshots.delete(ref);
+}
+
+/** Best-effort removal (logged, never thrown). */
+export async function dropSnapshot(ctx: ProviderContext, ref: string, log: Logger): Promise<void> {
+  try {
+    await removeSnapshot(ctx, ref);
+  } catch (err) {
+    log.warn({ snapshot: ref, err: String(err) }, 'could not remove a local snapshot; left in place');
+  }
+}

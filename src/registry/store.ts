@@ -1,0 +1,86 @@
+// The registry side of hibernate, wake and delete-time snapshots in one object (the
+// provider's SnapshotStore port, src/provider/cocoon/context.ts): push (push.ts), the identity
+// read and the tag delete, and the wake pull into a local name (pull.ts), each bounded by the
+// daemon's lifetime and the transfer settings of the configuration (docs/registry.md).
+import type { SnapshotRecord } from '../cocoon/records.ts';
+import type { CocoonCli } from '../cocoon/runner.ts';
+import type { Logger } from '../log.ts';
+import type { RegistryClient } from './client.ts';
+import { PULL_CAP_MS, pullSnapshot } from './pull.ts';
+import { deleteSnapshotTag, pushSnapshot, readSnapshotIdentity, type SnapshotIdentity } from './push.ts';
+
+export interface SnapshotStoreOptions {
+  readonly registry: RegistryClient;
+  readonly cli: CocoonCli;
+  readonly lifetime: AbortSignal;
+  readonly concurrency?: number;
+  readonly pullBudgetMiB?: number;
+  readonly spoolDir?: string;
+}
+
+export class RegistrySnapshotStore {
+  readonly #o: SnapshotStoreOptions;
+
+  constructor(opts: SnapshotStoreOptions) {
+    this.#o = opts;
+  }
+
+  #signal(signal: AbortSignal | undefined): AbortSignal {
+    return signal ? AbortSignal.any([signal, this.#o.lifetime]) : this.#o.lifetime;
+  }
+
+  async push(args: {
+    localName: string;
+    repo: string;
+    tag: string;
+    baseImage: string;
+    fromNode?: string;
+    signal?: AbortSignal;
+    log?: Logger;
+  }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
+    const r = await pushSnapshot({
+      registry: this.#o.registry,
+      cli: this.#o.cli,
+      localName: args.localName,
+      repo: args.repo,
+      tag: args.tag,
+      baseImage: args.baseImage,
+      fromNode: args.fromNode,
+      concurrency: this.#o.concurrency,
+      spoolDir: this.#o.spoolDir,
+      signal: this.#signal(args.signal),
+      log: args.log,
+    });
+    return { digest: r.digest, snapshotId: r.snapshotId, bytes: r.bytes };
+  }
+
+  identity(repo: string, tag: string, signal?: AbortSignal): Promise<SnapshotIdentity | 'absent'> {
+    return readSnapshotIdentity(this.#o.registry, repo, tag, this.#signal(signal));
+  }
+
+  deleteTag(repo: string, tag: string, signal?: AbortSignal): Promise<'deleted' | 'absent'> {
+    return deleteSnapshotTag(this.#o.registry, repo, tag, this.#signal(signal));
+  }
+
+  pull(args: {
+    repo: string;
+    tag: string;
+    localName: string;
+    signal?: AbortSignal;
+    log?: Logger;
+  }): Promise<SnapshotRecord> {
+    const cap = AbortSignal.timeout(PULL_CAP_MS);
+    return pullSnapshot({
+      registry: this.#o.registry,
+      cli: this.#o.cli,
+      repo: args.repo,
+      tag: args.tag,
+      localName: args.localName,
+      signal: this.#signal(args.signal ? AbortSignal.any([args.signal, cap]) : cap),
+      log: args.log,
+      budgetMiB: this.#o.pullBudgetMiB,
+      concurrency: this.#o.concurrency,
+      importTimeoutMs: PULL_CAP_MS,
+    });
+  }
+}
