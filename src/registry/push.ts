@@ -24,12 +24,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
 import tar from 'tar-stream';
 import { snapshotExportArgv } from '../cocoon/argv.ts';
 import { formatJsonVerbError } from '../cocoon/errors.ts';
-import type { CocoonCli } from '../cocoon/runner.ts';
+import { type CocoonCli, killGroup } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
-import { delay } from '../util/deadline.ts';
 import {
   layerMediaType,
   MAX_CONFIG_BYTES,
@@ -60,6 +60,8 @@ export const DEFAULT_PUSH_CONCURRENCY = 8;
 const STDERR_TAIL = 8 * 1024;
 /** How long a failed tar stream waits for the export to exit and say why. */
 const EXIT_GRACE_MS = 2000;
+/** How long the export may take to exit once its tar has ended. */
+const EXIT_AFTER_TAR_MS = 60_000;
 
 /** The export's tar is not what a snapshot export must be (our verdict, not a stream failure). */
 class ExportFormatError extends Error {}
@@ -406,14 +408,27 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
     await feeding;
   } catch (error) {
     // A broken stream is usually the symptom of the export failing: report the export's own
-    // error when it exits non-zero soon. Our own verdicts on the tar stand as they are. Either
-    // way the caller aborts the push, which kills the export.
+    // error when it exits non-zero soon. Our own verdicts on the tar stand as they are. The
+    // export is killed and reaped before this rejects, so nothing outlives the push.
     child.stdout?.destroy();
-    if (error instanceof ExportFormatError || o.signal.aborted) throw error;
-    const own = await Promise.race([exitError(), delay(EXIT_GRACE_MS).then(() => undefined)]);
+    let own: Error | undefined;
+    if (!(error instanceof ExportFormatError) && !o.signal.aborted) {
+      own = await Promise.race([exitError(), sleep(EXIT_GRACE_MS, undefined, { ref: false })]);
+    }
+    killGroup(child);
+    await exited;
     throw own ?? error;
   }
-  const failure = await exitError();
+  // The tar is complete; the export must now exit 0 (and soon).
+  const late = sleep(EXIT_AFTER_TAR_MS, 'late' as const, { ref: false });
+  const failure = await Promise.race([exitError(), late]);
+  if (failure === 'late') {
+    killGroup(child);
+    await exited;
+    throw new Error(
+      `cocoon snapshot export ${o.localName}: did not exit ${EXIT_AFTER_TAR_MS / 1000} s after its tar ended`,
+    );
+  }
   if (failure) throw failure;
   if (envelope === undefined) throw new ExportFormatError('export tar: no snapshot.json');
   return { envelope, layers };

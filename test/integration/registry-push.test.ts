@@ -13,6 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
+import tar from 'tar-stream';
 import { type Ground, useGround } from '../../ground/ground.ts';
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
@@ -513,5 +514,156 @@ describe('push failures', () => {
     // No export is left holding the snapshot: cocoon refuses to remove one in use by an export.
     const rm = await sim.run(['snapshot', 'rm', saved.name]);
     assert.equal(rm.code, 0, rm.stderr);
+  });
+});
+
+describe('export failures (a scripted cocoon export)', () => {
+  let scripted: CocoonCli;
+  let proxy: RegistryProxy;
+  let via: RegistryClient;
+  let tarFile: string;
+
+  before(async () => {
+    // `snapshot export` prints $FAKE_EXPORT_TAR, says $FAKE_EXPORT_ERR on stderr and exits
+    // $FAKE_EXPORT_EXIT; every other verb goes to the simulator.
+    tarFile = path.join(sim.dir, 'scripted.tar');
+    const shim = path.join(sim.dir, 'scripted-cocoon');
+    fs.writeFileSync(
+      shim,
+      [
+        '#!/usr/bin/env bash',
+        'if [ "$1" = snapshot ] && [ "$2" = export ]; then',
+        '  cat "$FAKE_EXPORT_TAR"',
+        '  [ -n "$FAKE_EXPORT_ERR" ] && echo "Error: $FAKE_EXPORT_ERR" >&2',
+        // biome-ignore lint/suspicious/noTemplateCurlyInString: bash parameter expansion
+        '  exit "${FAKE_EXPORT_EXIT:-0}"',
+        'fi',
+        `exec "${sim.cocoonBin}" "$@"`,
+        '',
+      ].join('\n'),
+      { mode: 0o755 },
+    );
+    scripted = new CocoonCli(shim, lifetime.signal, silentLogger);
+    process.env.FAKE_EXPORT_TAR = tarFile;
+    proxy = await RegistryProxy.start(g.registry.hostPort);
+    via = new RegistryClient({ base: `${proxy.hostPort}/cocoon`, credentials: [] });
+  });
+  after(async () => {
+    via?.close();
+    await proxy?.stop();
+    for (const k of ['FAKE_EXPORT_TAR', 'FAKE_EXPORT_ERR', 'FAKE_EXPORT_EXIT']) delete process.env[k];
+  });
+
+  type Entry = { name: string; data: Buffer | string; mode?: number; pax?: Record<string, string> };
+  const envelope = (version = 1) =>
+    JSON.stringify({
+      version,
+      config: { id: 'ZXCVBNMASDFGHJKLQWERTYUIO2', name: 'x', hypervisor: 'firecracker', cpu: 1 },
+    });
+  async function writeTar(entries: Entry[], opts: { truncateAt?: number } = {}): Promise<void> {
+    const pack = tar.pack();
+    for (const e of entries)
+      pack.entry({ name: e.name, mode: e.mode ?? 0o640, ...(e.pax ? { pax: e.pax } : {}) }, e.data);
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    const all = Buffer.concat(chunks);
+    fs.writeFileSync(tarFile, opts.truncateAt === undefined ? all : all.subarray(0, opts.truncateAt));
+  }
+  const script = (exit: number, err = '') => {
+    process.env.FAKE_EXPORT_EXIT = String(exit);
+    process.env.FAKE_EXPORT_ERR = err;
+  };
+  const push = (tag: string) =>
+    pushSnapshot({
+      registry: via,
+      cli: scripted,
+      localName: 'scripted',
+      repo: 'vk-push-c',
+      tag,
+      baseImage: '',
+    });
+  const noManifest = (from: number) =>
+    assert.ok(!proxy.since(from).some((c) => c.includes('/manifests/')), proxy.since(from).join('\n'));
+
+  it('sparse PAX records reach the config verbatim; modes and tar order kept', async () => {
+    const map = '[{"offset":0,"length":4096},{"offset":1048576,"length":4096}]';
+    await writeTar([
+      { name: 'snapshot.json', data: envelope(), mode: 0o644 },
+      {
+        name: './disk.raw',
+        data: randomBytes(8192),
+        mode: 0o600,
+        pax: { 'COCOON.sparse.map': map, 'COCOON.sparse.size': '1073741824' },
+      },
+      { name: 'state.json', data: '{}' },
+    ]);
+    script(0);
+    const r = await push('sparse');
+    assert.equal(r.snapshotId, 'ZXCVBNMASDFGHJKLQWERTYUIO2');
+    const config = JSON.parse(
+      (await craneBytes('config', `${g.registry.hostPort}/cocoon/vk-push-c:sparse`)).toString(),
+    );
+    assert.deepEqual(config.files, {
+      'disk.raw': { mode: 0o600, size: 8192, sparseMap: map, sparseSize: '1073741824' },
+      'state.json': { mode: 0o640, size: 2 },
+    });
+    assert.equal(config.hypervisor, 'firecracker');
+  });
+
+  it('an entry that is not a plain file name: phase export, no manifest', async () => {
+    await writeTar([
+      { name: 'snapshot.json', data: envelope() },
+      { name: 'sub/file', data: 'x' },
+    ]);
+    script(0);
+    const from = proxy.requests.length;
+    await assert.rejects(push('bad-name'), {
+      name: 'SnapshotPushError',
+      phase: 'export',
+      message: /export tar: export entry "sub\/file": name is not a plain file name/,
+    });
+    noManifest(from);
+  });
+
+  it("a tar cut short by a failing export: the export's own error, no manifest", async () => {
+    await writeTar(
+      [
+        { name: 'snapshot.json', data: envelope() },
+        { name: 'memory-ranges', data: randomBytes(100_000) },
+      ],
+      { truncateAt: 50_000 },
+    );
+    script(1, 'read memory-ranges: input/output error');
+    const from = proxy.requests.length;
+    await assert.rejects(push('cut'), {
+      name: 'SnapshotPushError',
+      phase: 'export',
+      message:
+        /cocoon snapshot export scripted: exit status 1 \(stderr: Error: read memory-ranges: input\/output error\)/,
+    });
+    noManifest(from);
+  });
+
+  it('a complete tar but a non-zero exit, no snapshot.json, or an unsupported version: no manifest', async () => {
+    const from = proxy.requests.length;
+    await writeTar([
+      { name: 'snapshot.json', data: envelope() },
+      { name: 'state.json', data: '{}' },
+    ]);
+    script(1, 'late failure');
+    await assert.rejects(push('late'), {
+      phase: 'export',
+      message: /exit status 1 \(stderr: Error: late failure\)/,
+    });
+    await writeTar([{ name: 'state.json', data: '{}' }]);
+    script(0);
+    await assert.rejects(push('no-envelope'), { phase: 'export', message: /export tar: no snapshot.json/ });
+    await writeTar([{ name: 'snapshot.json', data: envelope(2) }]);
+    await assert.rejects(push('v2'), {
+      phase: 'export',
+      message: /snapshot.json: unsupported snapshot archive version 2/,
+    });
+    noManifest(from);
   });
 });
