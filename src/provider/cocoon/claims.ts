@@ -24,8 +24,9 @@ export function holderOfVm(
   return undefined;
 }
 
-/** The tracked pod other than `self` that holds the VM name: its bound VM has that name,
- * or a bring-up for that name is queued or running. */
+/** The tracked pod other than `self` that holds the VM name: its bound VM has that name, a
+ * bring-up for that name is queued or running, or the name's VM is hibernated, hibernating
+ * or waking for it (its saved state is that pod's, never another pod's to restore). */
 export function holderOfName(
   pods: ReadonlyMap<string, PodRecord>,
   self: string,
@@ -35,7 +36,8 @@ export function holderOfName(
   for (const rec of pods.values()) {
     if (rec.key === self) continue;
     if (rec.vm?.name === vmName) return rec;
-    if (rec.bringingUp && rec.spec?.vmName === vmName) return rec;
+    if (rec.spec?.vmName !== vmName) continue;
+    if (rec.bringingUp || rec.waking || rec.hibernate || rec.intent?.state === 'hibernated') return rec;
   }
   return undefined;
 }
