@@ -5,7 +5,7 @@
  * also tells its listeners when the file changes (a watch on its directory, a slow poll as
  * the safety net), and {@link LeaseWait}, one waiter's view of those changes.
  */
-import { statSync, watch } from 'node:fs';
+import { type BigIntStats, statSync, watch } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import { open } from 'node:fs/promises';
 import { isIP } from 'node:net';
@@ -230,6 +230,10 @@ export interface LeaseFileOptions {
   watchDir?: WatchDir;
 }
 
+function statKey(st: BigIntStats): string {
+  return `${st.dev}:${st.ino}:${st.mtimeNs}:${st.size}`;
+}
+
 /**
  * Cached reader of the lease file (docs/contracts/cocoon-cli.md "Reader rules"): re-stats on every {@link read} and
  * re-parses only when the file's inode, mtime or size changed. Stat and read go through one file
@@ -274,11 +278,25 @@ export class LeaseFile {
   }
 
   async read(): Promise<LeaseSnapshot> {
+    // The cache is checked with one synchronous stat of the path: every probe (each pod every
+    // 5 s) and every reconcile reads the file, and open + fstat + close cost ~160 µs of CPU
+    // (three thread-pool round trips, a FileHandle) where a stat costs ~3 µs, which made the
+    // reads the largest cost of an idle node (docs/decisions.md "Daemon memory"). An equal
+    // key says the path holds the very bytes cached; anything else (changed, missing, an
+    // error) takes the handle path below, where stat and read describe the same bytes.
+    if (this.#cached !== undefined) {
+      let st: BigIntStats | undefined;
+      try {
+        st = statSync(this.path, { bigint: true, throwIfNoEntry: false });
+      } catch {
+        st = undefined;
+      }
+      if (st !== undefined && statKey(st) === this.#key) return this.#cached;
+    }
     let handle: FileHandle | undefined;
     try {
       handle = await open(this.path, 'r');
-      const stat = await handle.stat({ bigint: true });
-      const key = `${stat.dev}:${stat.ino}:${stat.mtimeNs}:${stat.size}`;
+      const key = statKey(await handle.stat({ bigint: true }));
       if (this.#cached !== undefined && key === this.#key) return this.#cached;
       const snapshot = parseLeaseFile(await handle.readFile('utf8'));
       if (snapshot.ok) {
