@@ -24,10 +24,9 @@ import {
 } from '../state.ts';
 import { adoptByName, adoptUnmanaged, salvageByName } from './adopt.ts';
 import { bind, detach } from './bind.ts';
-import { wakeOwed } from './drive.ts';
 import { cancelRetry, createFailed, parkFailed } from './failure.ts';
 import { HIBERNATE_PREFIX } from './hibernate.ts';
-import { LifecycleError, restoreBringUp, WAKE_PREFIX } from './restore.ts';
+import { LifecycleError, restoreBringUp, WAKE_PREFIX, wakeOwed } from './restore.ts';
 import { scheduleOpRetry } from './retry.ts';
 import { dirBringUp, dropStaleFork, forkBringUp, planSource, type SourcePlan } from './sources.ts';
 

@@ -24,16 +24,10 @@ import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { backendOf } from '../readiness/facts.ts';
 import { type PodRecord, refreshVm, setCreateFailure, setOpRetry, setStep, setWaking } from '../state.ts';
 import { startBringUp } from './create.ts';
-import { backToCreating, HIBERNATE_PREFIX, startHibernate } from './hibernate.ts';
-import { WAKE_PREFIX } from './restore.ts';
+import { backToCreating, dropsNic, HIBERNATE_PREFIX, startHibernate } from './hibernate.ts';
+import { restoreNic } from './hibernate-end.ts';
+import { wakeOwed } from './restore.ts';
 import { retryPending, scheduleOpRetry } from './retry.ts';
-
-/** The pod's published state says a wake is owed (no VM, hibernate not requested). */
-export function wakeOwed(rec: PodRecord): boolean {
-  const state = rec.intent?.state;
-  const message = rec.intent?.message ?? '';
-  return state === 'hibernated' || (state === 'failed' && message.startsWith(WAKE_PREFIX));
-}
 
 /** A hibernate that did not finish left the VM: it goes back to ready when withdrawn. */
 function liftOwed(rec: PodRecord): boolean {
@@ -83,6 +77,8 @@ async function lift(ctx: ProviderContext, rec: PodRecord): Promise<void> {
     return;
   }
   refreshVm(rec, live);
+  // A CH+Windows hibernate stopped after its NIC drop (a shutdown, a crash) left no NIC.
+  if (dropsNic(rec) && live.nics.length === 0) await restoreNic(ctx, rec, log);
   setOpRetry(rec, undefined);
   log.info('hibernate withdrawn: the VM is kept and goes back to ready');
   await backToCreating(ctx, rec);

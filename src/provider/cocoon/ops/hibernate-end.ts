@@ -153,7 +153,7 @@ export async function rollback(
 
 /** Re-adds the NIC a CH+Windows hibernate dropped: new MAC, DHCP IP cleared until the new
  * lease, and a detached `ipconfig /renew`. */
-async function restoreNic(ctx: ProviderContext, rec: PodRecord, log: Logger): Promise<void> {
+export async function restoreNic(ctx: ProviderContext, rec: PodRecord, log: Logger): Promise<void> {
   const vm = rec.vm;
   if (!vm) return;
   const signal = AbortSignal.timeout(ROLLBACK_BUDGET_MS);

@@ -29,6 +29,13 @@ export class LifecycleError extends Error {
 
 const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
+/** The pod's published state says a wake is owed (no VM, hibernate not requested). */
+export function wakeOwed(rec: PodRecord): boolean {
+  const state = rec.intent?.state;
+  const message = rec.intent?.message ?? '';
+  return state === 'hibernated' || (state === 'failed' && message.startsWith(WAKE_PREFIX));
+}
+
 export function importName(vmName: string): string {
   return `${vmName}-hibernate-import`;
 }

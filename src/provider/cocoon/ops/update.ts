@@ -20,7 +20,8 @@ import { flushIntent, reassertIfStale, warnOnce } from '../publication/lifecycle
 import { applyAnnotations, type PodRecord, retrack, setIntent, setSpec, unbindVm } from '../state.ts';
 import { adoptUnmanaged } from './adopt.ts';
 import { claim, keyOf, startBringUp } from './create.ts';
-import { driveOps, wakeOwed } from './drive.ts';
+import { driveOps } from './drive.ts';
+import { wakeOwed } from './restore.ts';
 
 export async function updatePod(ctx: ProviderContext, pod: V1Pod): Promise<void> {
   const key = keyOf(pod);
