@@ -9,11 +9,13 @@ import { KeyedQueue } from '../../../src/util/keyed-queue.ts';
 import { AdmissionOrder, runWithPriority } from '../../../src/util/priority.ts';
 import { fakeKubeConfig } from '../fakes/kube.ts';
 
-/** A bucket (100/s, burst 1) whose token is taken and whose next token is promised to a
- * high-priority blocker: every take queued from now on (until the blocker is served, at
- * least 10 ms away) waits and is served in rank order, however slow the machine. */
+/** A bucket (20/s, burst 1) whose token is taken and whose next token is promised to a
+ * high-priority blocker: every take queued from now on (until the blocker is served, 50 ms
+ * away, and the token after it, 100 ms away) waits and is served in rank order. At 100/s a
+ * loaded machine that stalled 20 ms before the test queued its takes handed the first of
+ * them a free token out of rank (seen under CI load). */
 async function drained(): Promise<TokenBucket> {
-  const b = new TokenBucket(100, 1);
+  const b = new TokenBucket(20, 1);
   await b.take();
   void b.take({ priority: 'high' });
   assert.equal(b.waiting, 1);
