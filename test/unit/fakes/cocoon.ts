@@ -193,6 +193,12 @@ export class FakeCocoon {
         stderr: '',
       };
     }
+    if (group === 'vm' && verb === 'start') {
+      const vm = this.#find(last);
+      if (!vm) this.#fail(argv, `vm not found: ${last}`);
+      vm.state = 'running';
+      return { stdout: '', stderr: '' };
+    }
     if (group === 'vm' && verb === 'net') {
       const vm = this.#find(last);
       if (!vm) this.#fail(argv, `vm not found: ${last}`);

@@ -265,3 +265,20 @@ describe('fork-from and the delete-time snapshot', () => {
     assert.equal(store!.tags.size, 0);
   });
 });
+
+describe('restart', () => {
+  test('a hibernate requested while the daemon was down: ResumedAfterRestart, vm start first, then hibernated', async () => {
+    const first = withStore();
+    const { pod, vm } = await readyPod(first, 'r-0');
+    const api = apiCopy(first, pod, { [HIBERNATE]: 'true' });
+    first.close();
+    h = withStore();
+    h.cocoon.vms.set(vm.id, { ...vm, state: 'stopped' });
+    await h.provider.startupReconcile([api]);
+    await until('hibernated', () => lastState(h!, 'r-0') === 'hibernated');
+    assert.ok(h.events.some((e) => e.reason === 'ResumedAfterRestart' && e.message === 'op=hibernate'));
+    const start = h.cocoon.callsOf('vm start')[0]!;
+    assert.ok(start.at < h.cocoon.callsOf('snapshot save')[0]!.at, 'vm start before the save');
+    assert.ok(store!.tags.has('vk-r-0:hibernate'));
+  });
+});

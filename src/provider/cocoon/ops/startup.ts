@@ -3,7 +3,7 @@
 // removed as an orphan; everything else the orphan policy decides (docs/decisions.md, "VM
 // ownership").
 import type { V1Pod } from '@kubernetes/client-node';
-import { listArgv, removeArgv } from '../../../cocoon/argv.ts';
+import { listArgv, removeArgv, startArgv } from '../../../cocoon/argv.ts';
 import { parseVmList, type VmRecord } from '../../../cocoon/records.ts';
 import {
   EVENT_MESSAGE_MAX_BYTES,
@@ -21,6 +21,7 @@ import { isClonedBootSpec, type VMSpec } from '../../../vmspec/decode.ts';
 import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
 import { decodeSpec, type ProviderContext } from '../context.ts';
 import { patchAnnotations, publish } from '../publication/held.ts';
+import { failOp } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
 import { indexLocalSnapshots } from '../snapshots.ts';
 import {
@@ -35,6 +36,8 @@ import {
 import { adoptUnmanaged } from './adopt.ts';
 import { keyOf } from './create.ts';
 import { releaseLeases } from './delete.ts';
+import { HIBERNATE_PREFIX } from './hibernate.ts';
+import { scheduleOpRetry } from './retry.ts';
 
 export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
   const { stdout } = await ctx.cli.run(listArgv(), { timeoutMs: 60_000 });
@@ -131,11 +134,31 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
       seedProbe(rec);
       ctx.startProbe(rec, { ready: rec.probeReady });
     }
-    // A hibernate requested (or in flight) while the daemon was down resumes from the running
-    // VM: the reconcile drives it (ops/drive.ts).
-    if (rec.vm && rec.ownsVm && rec.spec?.hibernate) ctx.metrics.startupResume('hibernate');
+    if (rec.vm && rec.ownsVm && rec.spec?.hibernate) await resumeHibernate(ctx, rec, rec.vm.id);
     publish(ctx, rec);
     ctx.reconcileSoon(rec.key);
+  }
+}
+
+/** A hibernate requested (or in flight) while the daemon was down resumes from the running VM
+ * (the reconcile drives it, ops/drive.ts): `vm start` first, since a VMM killed with the host
+ * can leave a stopped record (a no-op on a running VM). A start failure is `failed` with a
+ * `hibernate: ` message and an op retry. */
+async function resumeHibernate(ctx: ProviderContext, rec: PodRecord, vmId: string): Promise<void> {
+  ctx.metrics.startupResume('hibernate');
+  ctx.events.event(rec.pod, 'Normal', 'ResumedAfterRestart', 'op=hibernate');
+  try {
+    await ctx.cli.run(startArgv(vmId), { timeoutMs: 60_000 });
+  } catch (err) {
+    scheduleOpRetry(ctx, rec, 'hibernate');
+    const why = err instanceof Error ? err.message : String(err);
+    await failOp(
+      ctx,
+      rec,
+      'update',
+      'ResumeStartFailed',
+      `${HIBERNATE_PREFIX}vm start ${vmId} before resuming the hibernate: ${why}`,
+    );
   }
 }
 
