@@ -7,7 +7,7 @@ import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import type { Logger } from '../../../log.ts';
 import { inspectSnapshot, SnapshotPullError } from '../../../registry/pull.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
-import { cloneFromSource, SettleError } from '../bringup.ts';
+import { cloneFromSource, inspectVm, SettleError } from '../bringup.ts';
 import type { ProviderContext, SnapshotIdentity } from '../context.ts';
 import { dropSnapshot, removeSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
@@ -145,11 +145,21 @@ export async function restoreBringUp(
     vm = await cloneFromSource(ctx, spec, { snapshot }, { nics: chWindows ? 1 : undefined });
   } catch (err) {
     // A VM that may exist under the name is looked up by the caller (salvage), unwrapped.
-    if (
-      err instanceof SettleError ||
-      (err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken')
-    )
+    if (err instanceof SettleError) throw err;
+    if (err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken') {
+      // A `creating` placeholder is a clone of this name still in flight (a killed
+      // predecessor's, after a restart): salvage cannot adopt it yet, so the restore is
+      // retried (transient) and a later attempt adopts it once it runs.
+      const holder = await inspectVm(ctx, spec.vmName).catch(() => undefined);
+      if (holder?.state === 'creating') {
+        throw new LifecycleError(
+          'WakeCloneFailed',
+          `clone ${spec.vmName} from ${src.name}: a clone of that name is still in flight (VM ${holder.id} creating); retrying`,
+          true,
+        );
+      }
       throw err;
+    }
     throw new LifecycleError(
       'WakeCloneFailed',
       `clone ${spec.vmName} from ${src.name}: ${errText(err)}`,
