@@ -79,3 +79,56 @@ export async function fixture(
 ): Promise<void> {
   await w.simulator.fixtureSnapshot(name, { ...FIXTURE_KINDS[kind], ...(staticIps ? { staticIps } : {}) });
 }
+
+// ---- hibernate, wake and the registry (hibernate-faults, hibernate-operator) ----------
+
+export const vmIdOf = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '';
+export const lifecycleMessage = (p: V1Pod) =>
+  p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '';
+export const observedGeneration = (p: V1Pod) =>
+  Number(p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-observed-generation'] ?? '0');
+export const containerRunning = (p: V1Pod) => p.status?.containerStatuses?.[0]?.state?.running !== undefined;
+
+export interface PodEvent {
+  type: string;
+  reason: string;
+  message: string;
+}
+
+/** The events of a pod (by name), oldest first. */
+export async function podEvents(core: CoreV1Api, ns: string, name: string): Promise<PodEvent[]> {
+  const list = await core.listNamespacedEvent({
+    namespace: ns,
+    fieldSelector: `involvedObject.name=${name}`,
+  });
+  return list.items.map((e) => ({ type: e.type ?? '', reason: e.reason ?? '', message: e.message ?? '' }));
+}
+
+/** The simulator's calls from index `from` on, each as its argv joined with spaces and its exit. */
+export function callsSince(w: World, from: number): { cmd: string; argv: string[]; exit: number }[] {
+  return w.simulator
+    .calls()
+    .slice(from)
+    .map((c) => ({ cmd: c.argv.join(' '), argv: c.argv, exit: c.exit }));
+}
+
+/** The simulator's record of a VM by name or id (any state, `creating` placeholders too). */
+export async function simVmRecord(
+  w: World,
+  ref: string,
+): Promise<{ id: string; name: string; state: string } | undefined> {
+  const r = await w.simulator.run(['vm', 'list', '-o', 'json']);
+  if (r.code !== 0) throw new Error(`vm list: ${r.stderr.trim()}`);
+  const text = r.stdout.trim();
+  type Listed = { id: string; state: string; config?: { name?: string } };
+  const list = text.startsWith('[') ? (JSON.parse(text) as Listed[]) : [];
+  const vm = list.find((v) => v.config?.name === ref || v.id === ref);
+  return vm ? { id: vm.id, name: vm.config?.name ?? '', state: vm.state } : undefined;
+}
+
+/** The simulator's committed local snapshot of that name, if any (its id). */
+export async function simSnapshotId(w: World, name: string): Promise<string | undefined> {
+  const r = await w.simulator.run(['snapshot', 'inspect', name]);
+  if (r.code !== 0) return undefined;
+  return (JSON.parse(r.stdout) as { id: string }).id;
+}
