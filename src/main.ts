@@ -4,7 +4,7 @@
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
-import { Counter } from 'prom-client';
+import { Counter, Gauge } from 'prom-client';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
 import { Kube, KubeConfigError, loadKubeConfig } from './kube/client.ts';
@@ -128,6 +128,10 @@ async function main(argv: string[]): Promise<number> {
         lifetime: lifetime.signal,
         concurrency: config.snapshotTransferConcurrency,
         pullBudgetMiB: config.snapshotPullBudgetMiB,
+        onPullDone: (result, seconds) => {
+          metrics.snapshotPull.inc({ result });
+          metrics.snapshotPullDuration.observe(seconds);
+        },
       })
     : undefined;
   if (!registry)
@@ -171,7 +175,16 @@ async function main(argv: string[]): Promise<number> {
   const controller = new PodController({ kube, nodeName: config.nodeName, provider, status, events, log });
   await controller.start();
   provider.startLoops();
-
+  // VM deaths: the event stream, its re-check after a restart, the pid check.
+  provider.startVmWatch();
+  new Gauge({
+    name: 'cocoon_vk_vm_table_size',
+    help: 'VMs the provider tracks (bound to a pod).',
+    registers: [metrics.registry],
+    collect() {
+      this.set(provider.trackedVms().length);
+    },
+  });
   const agent = new NodeAgent({
     kube,
     health: provider,

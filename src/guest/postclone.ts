@@ -52,7 +52,7 @@ export function isStaticNic(nic: FixupNic): boolean {
  * The docs/contracts/post-clone.md "When a fixup is owed" matrix, first match wins: `windows` (any backend), `linux_fc` (Firecracker),
  * `linux_static` (CH with at least one static NIC), else no fixup (`undefined`; CH all-DHCP
  * re-DHCPs by itself). Not a cloned boot ⇒ `undefined`. The CH+Windows restore exception
- * (docs/contracts/lifecycle.md "Not built yet") and the managed-only rule are the caller's (owed-step rows 1 and 6).
+ * (docs/contracts/pod-to-vm.md "Restore") and the managed-only rule are the caller's (owed-step rows 1 and 6).
  */
 export function fixupKind(facts: FixupMatrixFacts): FixupKind | undefined {
   if (!facts.clonedBoot) return undefined;

@@ -89,7 +89,7 @@ export interface ReadinessFacts {
   readonly job: InFlightJob | undefined;
   /** Clone, fork-from, clone-from-dir, wake/restore (docs/contracts/post-clone.md "When a fixup is owed"). */
   readonly clonedBoot: boolean;
-  /** The boot is a CH+Windows restore: no PnP fixup, straight to the IP wait (docs/contracts/lifecycle.md "Not built yet"). */
+  /** The boot is a CH+Windows restore: no PnP fixup, straight to the IP wait (docs/contracts/pod-to-vm.md "Restore"). */
   readonly chWindowsRestore: boolean;
   /** `wake` for wake/restore boots (IP-wait message and reason), else `create`. */
   readonly bootOp: 'create' | 'wake';

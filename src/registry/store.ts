@@ -16,6 +16,8 @@ export interface SnapshotStoreOptions {
   readonly concurrency?: number;
   readonly pullBudgetMiB?: number;
   readonly spoolDir?: string;
+  /** Metrics hook of the wake pulls: `cocoon_vk_snapshot_pull_total{result}` and its duration. */
+  readonly onPullDone?: (result: 'ok' | 'failed', seconds: number) => void;
 }
 
 export class RegistrySnapshotStore {
@@ -70,6 +72,9 @@ export class RegistrySnapshotStore {
     log?: Logger;
   }): Promise<SnapshotRecord> {
     const cap = AbortSignal.timeout(PULL_CAP_MS);
+    const started = performance.now();
+    const done = (result: 'ok' | 'failed') =>
+      this.#o.onPullDone?.(result, (performance.now() - started) / 1000);
     return pullSnapshot({
       registry: this.#o.registry,
       cli: this.#o.cli,
@@ -81,6 +86,15 @@ export class RegistrySnapshotStore {
       budgetMiB: this.#o.pullBudgetMiB,
       concurrency: this.#o.concurrency,
       importTimeoutMs: PULL_CAP_MS,
-    });
+    }).then(
+      (r) => {
+        done('ok');
+        return r;
+      },
+      (err: unknown) => {
+        done('failed');
+        throw err;
+      },
+    );
   }
 }

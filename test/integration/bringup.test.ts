@@ -275,23 +275,39 @@ describe('unmanaged and bad input', () => {
     assert.equal(argvOf('clone', 'vk-b-bad'), undefined);
   });
 
-  test('hibernate before the hibernate tier exists is refused with HibernateUnsupported', async () => {
+  test('hibernate without a registry saves locally: hibernated, no VM, no id; withdrawn, it wakes from the local copy', async () => {
     await create('hib-0', {
       'vm.cocoonstack.io/name': 'vk-b-hib',
       'cocoonset.cocoonstack.io/image': 'acme/agent',
       'cocoonset.cocoonstack.io/managed': 'true',
     });
-    await waitForPod(w.core, w.namespace, 'hib-0', 'ready', (x) => lifecycle(x) === 'ready');
+    const first = await waitForPod(w.core, w.namespace, 'hib-0', 'ready', (x) => lifecycle(x) === 'ready');
     const { annotate } = await import('./helpers.ts');
     await annotate(w.core, w.namespace, 'hib-0', { 'vm.cocoonstack.io/hibernate': 'true' });
-    const p = await waitForPod(w.core, w.namespace, 'hib-0', 'failed', (x) => lifecycle(x) === 'failed');
-    assert.match(
-      p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '',
-      /^hibernate: /,
+    const p = await waitForPod(
+      w.core,
+      w.namespace,
+      'hib-0',
+      'hibernated',
+      (x) => lifecycle(x) === 'hibernated',
     );
+    assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/id'], undefined);
+    const ev = await events('hib-0');
     assert.ok(
-      (await events('hib-0')).some((e) => e.reason === 'HibernateUnsupported' && e.type === 'Warning'),
+      ev.some(
+        (e) => e.reason === 'Hibernated' && e.type === 'Normal' && /saved locally/.test(e.message ?? ''),
+      ),
     );
+    await annotate(w.core, w.namespace, 'hib-0', { 'vm.cocoonstack.io/hibernate': null });
+    const woken = await waitForPod(
+      w.core,
+      w.namespace,
+      'hib-0',
+      'ready again',
+      (x) => lifecycle(x) === 'ready',
+    );
+    const id = woken.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '';
+    assert.ok(id && id !== first.metadata?.annotations?.['vm.cocoonstack.io/id']);
   });
 
   test('generation echo: a bumped generation is re-stamped on the current state', async () => {

@@ -25,7 +25,7 @@ export interface SnapshotPuller {
   ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
 }
 
-/** What the registry holds for `<repo>:<tag>` (docs/registry.md, "Identity"). */
+/** What the registry holds for `<repo>:<tag>` (docs/registry.md, "Identity read"). */
 export interface SnapshotIdentity {
   readonly digest: string;
   /** The config's `snapshotId`: the identity anchor a local copy is verified against. */
@@ -36,8 +36,8 @@ export interface SnapshotIdentity {
   readonly fromNode: string;
 }
 
-/** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push",
- * "Identity", "Tag delete"); `src/registry/store.ts` implements it. Errors are thrown; an
+/** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push flow",
+ * "Identity read", "Tag delete"); `src/registry/store.ts` implements it. Errors are thrown; an
  * absent tag is a result, never an error. */
 export interface SnapshotStore {
   push(args: {
@@ -99,6 +99,10 @@ export interface ProviderContext extends ProviderDeps {
    * imports and removals): a bring-up drops `fork-<vmName>` only when it exists, so a clone
    * stays at two cocoon calls (docs/decisions.md, "Hibernate and wake"). */
   localSnapshots: Set<string>;
+  /** When each VM was last restarted after a death (monotonic ms; the 30 s cooldown). */
+  vmRestarts: Map<string, number>;
+  /** Deferred re-checks of VMs whose inspect was inconclusive, by pod key. */
+  vmRechecks: Map<string, { timer: NodeJS.Timeout; firstAt: number; delayMs: number }>;
   /** One `fork-<source>` save at a time, shared by concurrent forks of one source. */
   forkSaves: Singleflight<SnapshotRecord>;
 }

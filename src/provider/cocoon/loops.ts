@@ -5,6 +5,7 @@ import { watch as watchFs } from 'node:fs';
 import { dirname } from 'node:path';
 import { isCurrent, logFor, type ProviderContext } from './context.ts';
 import { driveOps } from './ops/drive.ts';
+import { checkVm } from './ops/vm-events.ts';
 import { ProbeAgent } from './probe-agent.ts';
 import { publish } from './publication/held.ts';
 import { refreshIp } from './publication/status.ts';
@@ -16,6 +17,9 @@ export class Loops {
   readonly #ctx: ProviderContext;
   readonly #pending = new Set<string>();
   #tick: NodeJS.Timeout | undefined;
+  #pidWatch: NodeJS.Timeout | undefined;
+  /** VMs whose dead pid is being re-checked (one check at a time per VM). */
+  readonly #pidSuspects = new Set<string>();
   #leaseWatch: ReturnType<typeof watchFs> | undefined;
   #leaseDebounce: NodeJS.Timeout | undefined;
   #stopped = false;
@@ -67,10 +71,36 @@ export class Loops {
     }
   }
 
+  /** Every second, each tracked managed VM's process is checked with signal 0: a dead VMM is
+   * seen at once and re-inspected like an event (the stream is the authority; this only
+   * makes it faster). A reused pid hides a death from this check, never from the stream. */
+  startPidWatch(): void {
+    const ctx = this.#ctx;
+    this.#pidWatch = setInterval(() => {
+      for (const rec of ctx.pods.values()) {
+        const vm = rec.vm;
+        if (!vm || vm.pid <= 0 || !rec.ownsVm || !rec.spec?.managed || this.#pidSuspects.has(vm.id)) continue;
+        try {
+          process.kill(vm.pid, 0);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code !== 'ESRCH') continue;
+          this.#pidSuspects.add(vm.id);
+          const vmId = vm.id;
+          void ctx.queue
+            .run(rec.key, () => checkVm(ctx, rec, vmId))
+            .finally(() => this.#pidSuspects.delete(vmId))
+            .catch(() => {});
+        }
+      }
+    }, 1000);
+    this.#pidWatch.unref();
+  }
+
   stop(): void {
     const ctx = this.#ctx;
     this.#stopped = true;
     clearInterval(this.#tick);
+    clearInterval(this.#pidWatch);
     clearTimeout(this.#leaseDebounce);
     this.#leaseWatch?.close();
     for (const p of ctx.probes.values()) p.stop();

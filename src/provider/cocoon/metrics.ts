@@ -34,6 +34,8 @@ export interface LifecycleMetrics {
   hibernateEvidence(verdict: HibernateEvidenceVerdict): void;
   cloneFromDir(result: Outcome): void;
   startupResume(op: StartupResumeOp): void;
+  podEvictFailure(): void;
+  vmInspectTransientFail(): void;
 }
 
 export const noMetrics: LifecycleMetrics = {
@@ -57,6 +59,8 @@ export const noMetrics: LifecycleMetrics = {
   hibernateEvidence: () => {},
   cloneFromDir: () => {},
   startupResume: () => {},
+  podEvictFailure: () => {},
+  vmInspectTransientFail: () => {},
 };
 
 /** Adapts the prom-client registry to the provider's narrow LifecycleMetrics interface. */
@@ -89,5 +93,7 @@ export function lifecycleMetrics(m: Metrics): LifecycleMetrics {
     hibernateEvidence: (verdict) => m.hibernateEvidence.inc({ verdict }),
     cloneFromDir: (result) => m.cloneFromDir.inc({ result }),
     startupResume: (op) => m.startupResume.inc({ op }),
+    podEvictFailure: () => m.podEvictFailure.inc(),
+    vmInspectTransientFail: () => m.vmInspectTransientFail.inc(),
   };
 }

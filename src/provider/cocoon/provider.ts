@@ -6,7 +6,8 @@
 import type { Readable } from 'node:stream';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { listArgv } from '../../cocoon/argv.ts';
-import type { SnapshotRecord, VmRecord } from '../../cocoon/records.ts';
+import { VmEventStream } from '../../cocoon/events.ts';
+import { parseVmList, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import type { ContainerAccess, ExecOutcome, ExecStreams, LogOptions } from '../../kubelet/ports.ts';
 import type { NodeHealth } from '../../node/ports.ts';
 import type { PodLifecycleHandler } from '../../pods/ports.ts';
@@ -21,6 +22,7 @@ import { claim, keyOf, startBringUp } from './ops/create.ts';
 import { deletePod } from './ops/delete.ts';
 import { startupReconcile } from './ops/startup.ts';
 import { updatePod } from './ops/update.ts';
+import { onVmEvent, sweepVms } from './ops/vm-events.ts';
 import type { PodRecord } from './state.ts';
 
 export { newLogLines } from './access.ts';
@@ -49,6 +51,8 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       probes: new Map(),
       retryTimers: new Map(),
       localSnapshots: new Set(),
+      vmRestarts: new Map(),
+      vmRechecks: new Map(),
       forkSaves: new Singleflight<SnapshotRecord>(),
     };
     this.#ctx = ctx;
@@ -134,6 +138,39 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
 
   stopLoops(): void {
     this.#loops.stop();
+  }
+
+  /** Watches the VMs for the process lifetime (docs/contracts/pod-to-vm.md, "VM event
+   * watcher and eviction"): the event stream, a re-check after every restart of it, and the
+   * pid check that sees a dead VMM within a second (the stream's own ticker takes up to 5 s). */
+  startVmWatch(): VmEventStream {
+    const ctx = this.#ctx;
+    const stream = new VmEventStream({
+      cli: ctx.cli,
+      log: ctx.log.child({ module: 'vm-events' }),
+      lifetime: ctx.lifetime,
+      onEvent: (ev) => onVmEvent(ctx, ev),
+      onStart: (restart) => {
+        if (restart) void this.#sweep();
+      },
+      onEnd: () => {
+        const old = monoNow() - 60_000;
+        for (const [id, at] of ctx.vmRestarts) if (at < old) ctx.vmRestarts.delete(id);
+      },
+    });
+    stream.start();
+    this.#loops.startPidWatch();
+    return stream;
+  }
+
+  async #sweep(): Promise<void> {
+    try {
+      const { stdout } = await this.#ctx.cli.run(listArgv(), { timeoutMs: 60_000 });
+      const listed = parseVmList(stdout);
+      if (listed.ok) sweepVms(this.#ctx, listed.value);
+    } catch (err) {
+      this.#ctx.log.warn({ err: String(err) }, 'VM re-check after the event stream restarted failed');
+    }
   }
 
   /** Tracked VMs, for stats. */

@@ -71,6 +71,8 @@ export interface PodRecord {
   readonly hibernate: HibernateOp | undefined;
   /** The next automatic attempt of a failed hibernate, wake or lift. */
   readonly opRetry: OpRetry | undefined;
+  /** The VM died and the pod is to be evicted with this reason (the delete is retried). */
+  readonly evicting: { readonly reason: string; readonly message: string } | undefined;
 }
 
 /** In-memory progress of the readiness steps, keyed by the VM ID it was recorded for. */
@@ -85,7 +87,7 @@ export interface Progress {
   readonly warned: ReadonlySet<string>;
 }
 
-export type JobKind = 'fixup' | 'ipwait';
+export type JobKind = 'fixup' | 'sac' | 'ipwait';
 
 /** A long step running outside the pod queue (docs/contracts/lifecycle.md, "Cancellation"). It
  * records its outcome and enqueues a reconcile when it settles; it never writes the

@@ -1,15 +1,13 @@
 // The only module that changes a PodRecord (declared in record-types.ts): every other module
 // reads a record and changes it through the named mutators below.
 //
-// Everything here is either re-derivable from the apiserver, `cocoon vm list` and the lease
-// file (pod, VM, intent seeded from annotations), or progress keyed by VM ID that may be lost
-// on restart without changing any outcome (docs/contracts/lifecycle.md, "Never stranded"):
-// after a restart a fixup simply runs again (its guest steps are idempotent) and an IP wait
-// starts over.
+// Everything here is re-derivable from the apiserver, `cocoon vm list` and the lease file, or
+// progress keyed by VM ID that may be lost on restart without changing any outcome
+// (docs/contracts/lifecycle.md, "Never stranded").
 import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../cocoon/records.ts';
 import type { IntentRecord } from '../../lifecycle/intent.ts';
-import type { PodStatus } from '../../lifecycle/status.ts';
+import type { PodStatus, PodTermination } from '../../lifecycle/status.ts';
 import { monoNow } from '../../util/mono-clock.ts';
 import type { VMSpec } from '../../vmspec/decode.ts';
 import {
@@ -63,6 +61,7 @@ export function newRecord(key: string, pod: V1Pod, spec: VMSpec | undefined): Po
     waking: false,
     hibernate: undefined,
     opRetry: undefined,
+    evicting: undefined,
   };
 }
 
@@ -138,9 +137,8 @@ export function applyAnnotations(rec: PodRecord, changes: Record<string, string 
   m(rec).pod = { ...rec.pod, metadata: { ...rec.pod.metadata, annotations: ann } };
 }
 
-/** Tracks a newer copy of the pod from the watch while keeping the annotations the
- * provider owns (R6: the intent is written onto every re-tracked copy). Runtime keys of
- * unmanaged pods belong to the operator and come from the new copy. */
+/** Tracks a newer copy of the pod, keeping the annotations the provider owns (R6); runtime
+ * keys of unmanaged pods belong to the operator and come from the new copy. */
 export function retrack(rec: PodRecord, pod: V1Pod): void {
   const keys = rec.spec?.managed === false ? LIFECYCLE_KEYS : [...LIFECYCLE_KEYS, ...RUNTIME_KEYS];
   const previous = annotationsOf(rec);
@@ -218,7 +216,7 @@ export function setPostCloneFailureReason(rec: PodRecord, reason: string | undef
   m(rec).postCloneFailureReason = reason;
 }
 
-// ---- create ---------------------------------------------------------------------------
+// ---- create and delete ----------------------------------------------------------------
 
 export function setBringingUp(rec: PodRecord, on: boolean): void {
   m(rec).bringingUp = on;
@@ -228,14 +226,17 @@ export function setCreateFailure(rec: PodRecord, failure: CreateFailure | undefi
   m(rec).createFailure = failure;
 }
 
-// ---- delete ---------------------------------------------------------------------------
-
 export function setDeleting(rec: PodRecord, on: boolean): void {
   m(rec).deleting = on;
 }
 
-export function markDeleted(rec: PodRecord): void {
-  m(rec).termination = { kind: 'deleted' };
+export function markDeleted(rec: PodRecord, termination: PodTermination = { kind: 'deleted' }): void {
+  m(rec).termination = termination;
+}
+
+/** An eviction decided and not done yet (re-driven on the next tick until it is). */
+export function setEvicting(rec: PodRecord, evicting: PodRecord['evicting']): void {
+  m(rec).evicting = evicting;
 }
 
 // ---- readiness progress and jobs ------------------------------------------------------
@@ -260,7 +261,9 @@ export function progressFor(rec: PodRecord, vmId: string): Progress {
 export function recordProgress(
   rec: PodRecord,
   vmId: string,
-  changes: Partial<Pick<Progress, 'fixupSucceeded' | 'fixupAttempts' | 'ipWaitStartedAt' | 'renewNudgeSent'>>,
+  changes: Partial<
+    Pick<Progress, 'fixupSucceeded' | 'fixupAttempts' | 'sacDone' | 'ipWaitStartedAt' | 'renewNudgeSent'>
+  >,
 ): void {
   if (rec.vm?.id !== vmId) return;
   m(rec).progress = { ...progressFor(rec, vmId), ...changes };

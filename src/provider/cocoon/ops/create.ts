@@ -87,14 +87,19 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
   const spec = decoded.spec;
   for (const w of decoded.warnings) log.warn({ key: w.key }, w.message);
 
-  // A pod published hibernated (or caught between the VM's removal and `hibernated`) that
-  // still asks for hibernate keeps its state: the bring-up confirms it from the registry
-  // without a `creating` in between (no write when it is right).
+  // A pod published hibernated that still asks for hibernate keeps its state, with no
+  // registry call and no write (its saved state is the operator's to delete). One caught
+  // between the VM's removal and `hibernated` is confirmed from the registry by the bring-up,
+  // without a `creating` in between.
   const seededState = rec.intent?.state;
-  const confirmHibernated =
-    spec.managed && spec.hibernate && (seededState === 'hibernated' || seededState === 'hibernating');
+  if (spec.managed && spec.hibernate && seededState === 'hibernated' && !rec.vm) {
+    setStep(rec, 'Hibernated');
+    publish(ctx, rec);
+    return undefined;
+  }
+  const confirmHibernated = spec.managed && spec.hibernate && seededState === 'hibernating';
   // After a restart, a pod that was hibernated, or whose wake failed, is owed a wake.
-  if (fresh && spec.managed && !spec.hibernate && rec.intent && wakeOwed(rec)) setWaking(rec, true);
+  if (spec.managed && !spec.hibernate && !rec.vm && wakeOwed(rec)) setWaking(rec, true);
   // Claim the incarnation (R1). A re-run after a failure is a new attempt (R4): it only
   // happens when the pod's create inputs changed or its generation went up.
   if (!confirmHibernated && stageLifecycle(ctx, rec, 'creating')) await flushIntent(ctx, rec);

@@ -120,7 +120,7 @@ async function snapshotBeforeDelete(
       localName: spec.vmName,
       repo: spec.vmName,
       tag: 'latest',
-      baseImage: rec.pod.spec?.containers?.[0]?.image ?? '',
+      baseImage: spec.image,
       log,
     });
     ctx.metrics.snapshotPush(ns, 'ok', (performance.now() - pushed) / 1000);

@@ -24,6 +24,7 @@ import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { backendOf } from '../readiness/facts.ts';
 import { type PodRecord, refreshVm, setCreateFailure, setOpRetry, setStep, setWaking } from '../state.ts';
 import { startBringUp } from './create.ts';
+import { evict } from './evict.ts';
 import { backToCreating, dropsNic, HIBERNATE_PREFIX, startHibernate } from './hibernate.ts';
 import { restoreNic } from './hibernate-end.ts';
 import { wakeOwed } from './restore.ts';
@@ -37,6 +38,11 @@ function liftOwed(rec: PodRecord): boolean {
 }
 
 export async function driveOps(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+  // An eviction whose delete failed is re-driven first (ops/evict.ts).
+  if (rec.evicting && isCurrent(ctx, rec)) {
+    await evict(ctx, rec, rec.evicting.reason, rec.evicting.message);
+    return;
+  }
   if (!isCurrent(ctx, rec) || !rec.spec?.managed || rec.hibernate || rec.bringingUp) return;
   if (rec.spec.hibernate) {
     if (!rec.vm || !rec.ownsVm) return;

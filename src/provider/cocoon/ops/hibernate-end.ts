@@ -16,6 +16,7 @@ import type { Logger } from '../../../log.ts';
 import { isCurrent, type ProviderContext } from '../context.ts';
 import { hold, writePod } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
+import { refreshIp } from '../publication/status.ts';
 import type { HibernateOp, HibernatePhase } from '../record-types.ts';
 import {
   applyAnnotations,
@@ -143,7 +144,10 @@ export async function rollback(
   if (!vm) return;
   log.warn({ phase: failure.phase, err: failure.message }, 'hibernate failed; rolling back');
   if (done.pushed) await deleteOwnTag(ctx, rec.spec?.vmName ?? vm.name, log);
-  if (done.nicDropped) await restoreNic(ctx, rec, log);
+  if (done.nicDropped) {
+    await restoreNic(ctx, rec, log);
+    await refreshIp(ctx, rec); // a new MAC: no DHCP IP until its lease
+  }
   // The id (and the ip, when it was cleared) go back with the failure, in one write.
   hold(ctx, rec, { annotations: { [VM_ID]: vm.id, [VM_IP]: rec.ip || null } });
   setHibernateOp(rec, undefined);
@@ -175,7 +179,7 @@ export function renewDetached(ctx: ProviderContext, vmId: string, log: Logger): 
     .catch((err: unknown) => log.warn({ err: errText(err) }, 'ipconfig /renew failed'));
 }
 
-/** The provider deletes `:hibernate` only to undo its own hibernate (registry.md, rules). */
+/** The provider deletes `:hibernate` only to undo its own hibernate (docs/registry.md, "Rules the operator relies on"). */
 async function deleteOwnTag(ctx: ProviderContext, vmName: string, log: Logger): Promise<void> {
   try {
     await ctx.store?.deleteTag(vmName, 'hibernate', AbortSignal.timeout(ROLLBACK_BUDGET_MS));

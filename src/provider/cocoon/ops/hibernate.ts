@@ -80,7 +80,8 @@ async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: Hiberna
   const log = logFor(ctx, rec).child({ op: 'hibernate' });
   const ns = rec.pod.metadata?.namespace ?? '';
   const vmName = rec.spec?.vmName ?? rec.vm?.name ?? '';
-  const image = rec.pod.spec?.containers?.[0]?.image ?? '';
+  // The identity guard on create compares this with the pod's VMSpec image (sources.ts).
+  const image = rec.spec?.image ?? '';
   let op = first;
   const done = { nicDropped: false, pushed: false };
   const enter = (phase: HibernatePhase): AbortSignal => {

@@ -1,6 +1,6 @@
-// Hibernated state on create and wake (docs/registry.md, "Evidence" and "Wake source";
-// docs/contracts/pod-to-vm.md, "Restore" and "Wake"): whether a VM name still owns hibernated
-// state, where a wake restores it from, and the restoring clone.
+// Hibernated state on create and wake (docs/contracts/pod-to-vm.md, "Evidence on create",
+// "Wake source", "Restore" and "Wake"): whether a VM name still owns hibernated state, where
+// a wake restores it from, and the restoring clone.
 
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
@@ -64,7 +64,7 @@ export async function hibernateEvidence(
   }
 }
 
-/** The local snapshot a wake or restore clones from (docs/registry.md, "Wake source"): a local
+/** The local snapshot a wake or restore clones from (docs/contracts/pod-to-vm.md, "Wake source"): a local
  * `<vmName>` verified against the registry (an unverifiable copy is never trusted), else a
  * registry pull into `<vmName>-hibernate-import`. */
 export async function wakeSource(

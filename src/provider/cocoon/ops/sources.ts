@@ -1,6 +1,6 @@
 // Where a managed pod's VM comes from (docs/contracts/pod-to-vm.md, "Bring-up order"):
 // restore (asked for, or evidence of hibernated state) → clone-from-dir → fork-from → run →
-// clone, with the fresh-boot guard of docs/registry.md ("Evidence"): a VM name that still owns
+// clone, with the fresh-boot guard of docs/contracts/pod-to-vm.md ("Evidence on create"): a VM name that still owns
 // hibernated state never boots fresh.
 import type { Logger } from '../../../log.ts';
 import { inspectSnapshot } from '../../../registry/pull.ts';
@@ -9,7 +9,6 @@ import { BringUpError, type BringUpResult, cloneFromSource } from '../bringup.ts
 import type { ProviderContext } from '../context.ts';
 import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
-import { HIBERNATE_PREFIX } from './hibernate.ts';
 import { hibernateEvidence, LifecycleError } from './restore.ts';
 
 export type SourcePlan =
@@ -37,7 +36,7 @@ export async function planSource(
     if (was === 'hibernated' || was === 'hibernating') {
       throw new LifecycleError(
         'HibernateEvidenceFailed',
-        `${HIBERNATE_PREFIX}VM ${spec.vmName} is gone and no hibernated snapshot of it exists (${ctx.store ? `${spec.vmName}:hibernate` : `local snapshot ${spec.vmName}`}); its state is lost: delete the pod to boot it fresh`,
+        `hibernated state lost: VM ${spec.vmName} is gone and no hibernated snapshot of it exists (${ctx.store ? `${spec.vmName}:hibernate` : `local snapshot ${spec.vmName}`}); its state is lost: delete the pod to boot it fresh`,
         false,
       );
     }
@@ -117,7 +116,14 @@ export async function forkBringUp(
     const have = await inspectSnapshot(ctx.cli, name, undefined);
     if (have) return have;
     log.info({ source, snapshot: name }, 'saving the shared fork snapshot');
-    await saveSnapshot(ctx, name, sourceId, { log });
+    const started = performance.now();
+    try {
+      await saveSnapshot(ctx, name, sourceId, { log });
+      ctx.metrics.snapshotSave(ns, 'ok', (performance.now() - started) / 1000);
+    } catch (err) {
+      ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
+      throw err;
+    }
     const made = await inspectSnapshot(ctx.cli, name, undefined);
     if (!made) throw new BringUpError(`fork-from: snapshot ${name} missing right after its save`);
     return made;

@@ -7,6 +7,7 @@ import { listArgv, removeArgv, startArgv } from '../../../cocoon/argv.ts';
 import { parseVmList, type VmRecord } from '../../../cocoon/records.ts';
 import {
   EVENT_MESSAGE_MAX_BYTES,
+  LIFECYCLE_STATE,
   POST_CLONE_ERRORS,
   POST_CLONE_HINT,
   POST_CLONE_STATE,
@@ -104,6 +105,11 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
       continue;
     }
     const vm = byName.get(spec.vmName);
+    if (!vm && ann[LIFECYCLE_STATE] === 'hibernated' && !holderOfName(ctx.pods, key, spec.vmName)) {
+      // Tracked without a VM: it holds its VM name from now on (claims.ts).
+      seeded(ctx, pod, spec);
+      continue;
+    }
     if (!vm || vm.state === 'creating' || claimed.has(vm.id) || holderOfName(ctx.pods, key, spec.vmName))
       continue;
     claimed.add(vm.id);

@@ -80,6 +80,14 @@ export async function updatePod(ctx: ProviderContext, pod: V1Pod): Promise<void>
       unbindVm(rec);
       await adoptUnmanaged(ctx, rec, decoded.spec);
     }
+    // Its VM is the operator's: a hibernate request is not ours to honour, and says so.
+    if (decoded.spec.hibernate)
+      warnOnce(
+        ctx,
+        rec,
+        'HibernateUnmanaged',
+        `update: hibernate requested on an unmanaged pod; its VM ${rec.vm?.name ?? ''} belongs to the operator and vk-cocoon does not hibernate it`,
+      );
     return;
   } else if (rec.ownsVm && !decoded.spec.managed) {
     // `managed` turned off on a live pod: we created the VM, so we keep managing it and

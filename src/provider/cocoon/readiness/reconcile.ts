@@ -152,5 +152,6 @@ async function publishReady(ctx: ProviderContext, rec: PodRecord, vmId: string):
   if (rec.clonedBoot && rec.progress?.ipWaitStartedAt !== undefined) {
     ctx.metrics.ipWait(rec.pod.metadata?.namespace ?? '', 'ok');
   }
+  if (rec.bootOp === 'wake') ctx.metrics.wake('ok');
   await flushIntent(ctx, rec);
 }
