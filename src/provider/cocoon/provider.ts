@@ -6,7 +6,7 @@
 import type { Readable } from 'node:stream';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { listArgv } from '../../cocoon/argv.ts';
-import { VmEventStream } from '../../cocoon/events.ts';
+import { type VmEvent, VmEventStream } from '../../cocoon/events.ts';
 import { parseVmList, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import type { ContainerAccess, ExecOutcome, ExecStreams, LogOptions } from '../../kubelet/ports.ts';
 import type { NodeHealth } from '../../node/ports.ts';
@@ -149,7 +149,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       cli: ctx.cli,
       log: ctx.log.child({ module: 'vm-events' }),
       lifetime: ctx.lifetime,
-      onEvent: (ev) => onVmEvent(ctx, ev),
+      onEvent: (ev) => this.vmEvent(ev),
       onStart: (restart) => {
         if (restart) void this.#sweep();
       },
@@ -161,6 +161,11 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     stream.start();
     this.#loops.startPidWatch();
     return stream;
+  }
+
+  /** One event of the VM event stream (the stream calls it; so do tests). */
+  vmEvent(ev: VmEvent): void {
+    onVmEvent(this.#ctx, ev);
   }
 
   async #sweep(): Promise<void> {

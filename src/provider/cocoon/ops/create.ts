@@ -3,11 +3,18 @@
 // workers. Failures are recorded on the record (ops/failure.ts), never thrown, except a
 // missing VM name, which stays a CreatePod error.
 import type { V1Pod } from '@kubernetes/client-node';
+import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { guestProfile } from '../../../guest/profiles.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
 import type { Logger } from '../../../log.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
-import { type BringUpResult, cloneBringUp, isTransientCreateError, runBringUp } from '../bringup.ts';
+import {
+  type BringUpResult,
+  cloneBringUp,
+  inspectVm,
+  isTransientCreateError,
+  runBringUp,
+} from '../bringup.ts';
 import { holderOfName } from '../claims.ts';
 import { decodeSpec, generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { publish } from '../publication/held.ts';
@@ -214,15 +221,24 @@ async function bringUpFailed(
   plan: SourcePlan | undefined,
   err: unknown,
 ): Promise<void> {
-  const message = err instanceof Error ? err.message : String(err);
+  let message = err instanceof Error ? err.message : String(err);
   const reason = err instanceof LifecycleError ? err.reason : 'CreateBringUpFailed';
+  let transient = err instanceof LifecycleError ? err.transient : isTransientCreateError(err);
+  if (err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken' && rec.spec) {
+    // A `creating` placeholder holds the name: a clone still in flight (a killed predecessor's,
+    // after a restart). Salvage cannot adopt it yet; a retry adopts it once it runs.
+    const holder = await inspectVm(ctx, rec.spec.vmName).catch(() => undefined);
+    if (holder?.state === 'creating') {
+      transient = true;
+      message = `${message}; a create of that name is still in flight (VM ${holder.id} creating); retrying`;
+    }
+  }
   if (rec.waking && plan?.kind === 'restore') {
     ctx.metrics.wake('failed');
     scheduleOpRetry(ctx, rec, 'wake');
     await failOp(ctx, rec, 'update', reason, `${WAKE_PREFIX}${message}`);
     return;
   }
-  const transient = err instanceof LifecycleError ? err.transient : isTransientCreateError(err);
   await createFailed(ctx, rec, reason, message, transient);
 }
 

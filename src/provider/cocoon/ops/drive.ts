@@ -20,14 +20,14 @@ import {
 import { inspectVm } from '../bringup.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { hold } from '../publication/held.ts';
-import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
+import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { backendOf } from '../readiness/facts.ts';
 import { type PodRecord, refreshVm, setCreateFailure, setOpRetry, setStep, setWaking } from '../state.ts';
 import { startBringUp } from './create.ts';
 import { evict } from './evict.ts';
 import { backToCreating, dropsNic, HIBERNATE_PREFIX, startHibernate } from './hibernate.ts';
 import { restoreNic } from './hibernate-end.ts';
-import { wakeOwed } from './restore.ts';
+import { hibernateEvidence, wakeOwed } from './restore.ts';
 import { retryPending, scheduleOpRetry } from './retry.ts';
 
 /** A hibernate that did not finish left the VM: it goes back to ready when withdrawn. */
@@ -45,6 +45,10 @@ export async function driveOps(ctx: ProviderContext, rec: PodRecord): Promise<vo
   }
   if (!isCurrent(ctx, rec) || !rec.spec?.managed || rec.hibernate || rec.bringingUp) return;
   if (rec.spec.hibernate) {
+    // A VM gone while hibernate was asked for (before, during or after an unfinished
+    // hibernate): the registry says what is left.
+    const orphaned = rec.intent?.state === 'ready' || liftOwed(rec);
+    if (!rec.vm && orphaned && !retryPending(rec, 'hibernate')) await confirmFromEvidence(ctx, rec);
     if (!rec.vm || !rec.ownsVm) return;
     if (rec.intent?.state === 'failed' && retryPending(rec, 'hibernate')) return;
     await startHibernate(ctx, rec);
@@ -56,6 +60,39 @@ export async function driveOps(ctx: ProviderContext, rec: PodRecord): Promise<vo
     return;
   }
   if (wakeOwed(rec) && !retryPending(rec, 'wake')) await startWake(ctx, rec);
+}
+
+/** Hibernate requested, no VM, the last hibernate unfinished: `hibernated` when its snapshot is
+ * in the registry (or local store), else `failed` "hibernated state lost" (not a `hibernate: `
+ * failure: nothing re-runs it). A registry that does not answer ⇒ op retry. */
+async function confirmFromEvidence(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+  const spec = rec.spec;
+  if (!spec) return;
+  let found: Awaited<ReturnType<typeof hibernateEvidence>>;
+  try {
+    found = await hibernateEvidence(ctx, spec, rec);
+  } catch {
+    scheduleOpRetry(ctx, rec, 'hibernate');
+    return;
+  }
+  setOpRetry(rec, undefined);
+  if (found) {
+    // A failed hibernate is sticky (R4) except for a new attempt: `hibernating` first, in memory.
+    if (rec.intent?.state === 'failed') stageLifecycle(ctx, rec, 'hibernating');
+    if (stageLifecycle(ctx, rec, 'hibernated')) {
+      setStep(rec, 'Hibernated');
+      await flushIntent(ctx, rec);
+    }
+    logFor(ctx, rec).info({ where: found.where }, 'VM gone after its hibernate snapshot: hibernated');
+    return;
+  }
+  await failOp(
+    ctx,
+    rec,
+    'update',
+    'HibernateEvidenceFailed',
+    `hibernated state lost: VM ${spec.vmName} is gone and no hibernated snapshot of it exists; delete the pod to boot it fresh`,
+  );
 }
 
 /** Lift (UpdatePod row 10): a CH VM must answer a live inspect as running first; then

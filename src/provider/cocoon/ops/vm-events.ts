@@ -12,7 +12,7 @@ import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { inspectVm, inspectWithRetry } from '../bringup.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
-import { type PodRecord, refreshVm } from '../state.ts';
+import { type PodRecord, refreshVm, setOpRetry, unbindVm } from '../state.ts';
 import { releaseLeases } from './delete.ts';
 import { evict } from './evict.ts';
 
@@ -67,7 +67,26 @@ export function sweepVms(ctx: ProviderContext, listed: readonly VmRecord[]): voi
 /** Re-inspects the VM of a pod and restarts or evicts. Runs in the pod's queue. */
 export async function checkVm(ctx: ProviderContext, rec: PodRecord, vmId: string): Promise<void> {
   if (!isCurrent(ctx, rec) || rec.vm?.id !== vmId || !rec.ownsVm || rec.evicting) return;
-  if (rec.spec?.hibernate || rec.hibernate) return;
+  if (rec.hibernate) return; // a hibernate in flight handles its own VM
+  if (rec.spec?.hibernate) {
+    // Hibernate requested: never restarted or evicted; a VM gone for good is unbound, and the
+    // hibernate annotation decides from the registry what is left (ops/drive.ts).
+    let gone = false;
+    try {
+      gone = (await inspectWithRetry(ctx, vmId)) === undefined;
+    } catch {
+      return;
+    }
+    if (gone && rec.vm) {
+      await releaseLeases(ctx, rec.vm);
+      ctx.probes.get(rec.key)?.stop();
+      ctx.probes.delete(rec.key);
+      unbindVm(rec);
+      setOpRetry(rec, undefined); // nothing left to retry on: decide now
+      ctx.reconcileSoon(rec.key);
+    }
+    return;
+  }
   const log = logFor(ctx, rec);
   const vm = rec.vm;
   let live: VmRecord | undefined;
