@@ -36,6 +36,7 @@ export interface LifecycleMetrics {
   startupResume(op: StartupResumeOp): void;
   podEvictFailure(): void;
   vmInspectTransientFail(): void;
+  staleCreate(outcome: string): void;
 }
 
 export const noMetrics: LifecycleMetrics = {
@@ -61,6 +62,7 @@ export const noMetrics: LifecycleMetrics = {
   startupResume: () => {},
   podEvictFailure: () => {},
   vmInspectTransientFail: () => {},
+  staleCreate: () => {},
 };
 
 /** Adapts the prom-client registry to the provider's narrow LifecycleMetrics interface. */
@@ -95,5 +97,6 @@ export function lifecycleMetrics(m: Metrics): LifecycleMetrics {
     startupResume: (op) => m.startupResume.inc({ op }),
     podEvictFailure: () => m.podEvictFailure.inc(),
     vmInspectTransientFail: () => m.vmInspectTransientFail.inc(),
+    staleCreate: (outcome) => m.staleCreateReconcile.inc({ outcome }),
   };
 }

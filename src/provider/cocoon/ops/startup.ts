@@ -39,11 +39,14 @@ import { keyOf } from './create.ts';
 import { releaseLeases } from './delete.ts';
 import { HIBERNATE_PREFIX } from './hibernate.ts';
 import { scheduleOpRetry } from './retry.ts';
+import { reconcileStaleCreates } from './stale.ts';
 
 export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
   const { stdout } = await ctx.cli.run(listArgv(), { timeoutMs: 60_000 });
   const listed = parseVmList(stdout);
   if (!listed.ok) throw new Error(`cocoon vm list: ${listed.error}`);
+  // Placeholders of interrupted creates free their names (or become adoptable) first.
+  await reconcileStaleCreates(ctx, listed.value);
   const byId = new Map(listed.value.map((vm) => [vm.id, vm]));
   const byName = new Map(listed.value.map((vm) => [vm.name, vm]));
   const live = pods
