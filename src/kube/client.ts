@@ -10,7 +10,7 @@
 import { delay, withDeadline } from '../util/deadline.ts';
 import { type Rank, RankedList, rankNow } from '../util/priority.ts';
 import { AuthenticationV1Api, AuthorizationV1Api, CoordinationV1Api, CoreV1Api } from './api.ts';
-import { Informer, type KubeObject, type ObjectList } from './informer.ts';
+import { Informer, type KubeObject, type ObjectList, stripManagedFields } from './informer.ts';
 import type { ClusterAccess } from './kubeconfig.ts';
 import {
   ApiError,
@@ -387,13 +387,14 @@ export class Kube {
   }
 
   /** A list-then-watch cache of the collection at `path` (e.g. `/api/v1/pods`); `list` lists
-   * it with the same selectors (through `core`, so tests can serve it). Call start(). */
+   * it with the same selectors (through `core`, so tests can serve it). Call start(). Its
+   * objects come without `metadata.managedFields` (never read by the daemon). */
   informer<T extends KubeObject>(
     path: string,
     list: () => Promise<ObjectList<T>>,
     selectors: { fieldSelector?: string; labelSelector?: string } = {},
   ): Informer<T> {
-    return new Informer<T>({ rest: this.rest, path, list, ...selectors });
+    return new Informer<T>({ rest: this.rest, path, list, ...selectors, transform: stripManagedFields });
   }
 
   /** PEM bundle of the cluster CA from the kubeconfig (the default client CA). */

@@ -46,6 +46,18 @@ export interface InformerOptions<T> {
   maxBackoffMs?: number;
   /** The server-side timeout of one watch request (default: random 300–600 s, as client-go). */
   watchTimeoutSeconds?: () => number;
+  /** Applied to every object as it arrives (list and watch), before it is cached or handed
+   * to a callback (client-go's SetTransform), e.g. {@link stripManagedFields}. */
+  transform?: (obj: T) => T;
+}
+
+/** Drops `metadata.managedFields` (server-side apply bookkeeping, ~45 % of a pod's JSON),
+ * which the daemon never reads, so the cache does not hold it (docs/decisions.md "Daemon
+ * memory"). Mutates and returns the object, freshly parsed and not shared yet. */
+export function stripManagedFields<T extends KubeObject>(obj: T): T {
+  const meta = obj.metadata as { managedFields?: unknown } | undefined;
+  if (meta && 'managedFields' in meta) delete meta.managedFields;
+  return obj;
 }
 
 export class LineTooLongError extends Error {
@@ -263,7 +275,9 @@ export class Informer<T extends KubeObject> {
       signal.removeEventListener('abort', onAbort);
     }
     if (signal.aborted) return;
-    const items = (list?.items ?? []).filter((o) => o?.metadata?.name !== undefined);
+    const transform = this.#o.transform;
+    let items = (list?.items ?? []).filter((o) => o?.metadata?.name !== undefined);
+    if (transform) items = items.map(transform);
     const fresh = new Set(items.map(keyOf));
     for (const [k, old] of [...this.#objects]) {
       if (fresh.has(k)) continue;
@@ -399,7 +413,9 @@ export class Informer<T extends KubeObject> {
     } catch {
       return { kind: 'error', err: new Error('watch: an event is not JSON'), relist: true };
     }
-    const obj = ev?.object;
+    let obj = ev?.object;
+    if (obj?.metadata?.name !== undefined && this.#o.transform && ev?.type !== 'ERROR')
+      obj = this.#o.transform(obj) as T & { code?: number };
     switch (ev?.type) {
       case 'ADDED':
       case 'MODIFIED':
