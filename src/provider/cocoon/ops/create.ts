@@ -8,6 +8,7 @@ import { guestProfile } from '../../../guest/profiles.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
 import type { Logger } from '../../../log.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
+import { CPU_CLASS_MISMATCH, checkSnapshotCpuClass } from '../../../vmspec/snapshot-cpu-class.ts';
 import {
   type BringUpResult,
   cloneBringUp,
@@ -15,7 +16,7 @@ import {
   isTransientCreateError,
   runBringUp,
 } from '../bringup.ts';
-import { holderOfName } from '../claims.ts';
+import { holderOfName, holderOfVm } from '../claims.ts';
 import { decodeSpec, generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { publish } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
@@ -85,6 +86,12 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
     }
   }
 
+  const gate = checkSnapshotCpuClass(pod, ctx.config.snapshotCpuClass);
+  if (!gate.ok) {
+    // The snapshot CPU-class gate (pod-to-vm.md §12): refused, never a VM, never retried.
+    await createFailed(ctx, rec, CPU_CLASS_MISMATCH, gate.message, false);
+    return undefined;
+  }
   if (!decoded.ok) {
     // Bad input: a Warning naming the key, lifecycle failed, never a VM, never a crash.
     const message = `invalid VM annotations: ${decoded.errors.map((e) => e.message).join('; ')}`;
@@ -225,12 +232,13 @@ async function bringUpFailed(
   const reason = err instanceof LifecycleError ? err.reason : 'CreateBringUpFailed';
   let transient = err instanceof LifecycleError ? err.transient : isTransientCreateError(err);
   if (err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken' && rec.spec) {
-    // A `creating` placeholder holds the name: a clone still in flight (a killed predecessor's,
-    // after a restart). Salvage cannot adopt it yet; a retry adopts it once it runs.
+    // The name is held by a VM no pod of ours holds: a create still in flight (a killed
+    // predecessor's, after a restart) that was `creating` when salvage looked, or finished
+    // since. Transient: the retry's salvage adopts it once it runs.
     const holder = await inspectVm(ctx, rec.spec.vmName).catch(() => undefined);
-    if (holder?.state === 'creating') {
+    if (holder && !holderOfVm(ctx.pods, rec.key, holder)) {
       transient = true;
-      message = `${message}; a create of that name is still in flight (VM ${holder.id} creating); retrying`;
+      message = `${message}; VM ${holder.id} (${holder.state}) of that name is not held by any pod: adopting it on the retry`;
     }
   }
   if (rec.waking && plan?.kind === 'restore') {
