@@ -41,6 +41,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/registry-pull.test.ts': { estimate: 45 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
   'test/integration/registry-push.test.ts': { estimate: 15 },
+  'test/integration/run-artifacts.test.ts': { estimate: 15 },
   unit: { estimate: 40 },
   'test/integration/startup.test.ts': { estimate: 30 },
   'test/integration/bringup.test.ts': { estimate: 30 },

@@ -23,6 +23,7 @@ import { PodStatusWriter } from './pods/status-writer.ts';
 import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
 import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { registryFromConfig } from './registry/client.ts';
+import { RunImageImporter } from './registry/image-import.ts';
 import { SnapshotPuller } from './registry/pull.ts';
 import { RegistrySnapshotStore } from './registry/store.ts';
 import { attachSampler } from './stats/collect.ts';
@@ -134,6 +135,9 @@ async function main(argv: string[]): Promise<number> {
         },
       })
     : undefined;
+  const imageImporter = registry
+    ? new RunImageImporter({ registry, cli, log, lifetime: lifetime.signal })
+    : undefined;
   if (!registry)
     log.info(
       'OCI_REGISTRY is not set: clone sources must already exist locally; hibernate saves locally only',
@@ -148,6 +152,7 @@ async function main(argv: string[]): Promise<number> {
     status,
     puller,
     store,
+    imageImporter,
     config,
     kube,
     cli,

@@ -112,11 +112,20 @@ export async function cloneFromSource(
 }
 
 export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger): Promise<BringUpResult> {
-  const pullKey = `${spec.forcePull ? 'force ' : ''}${spec.image}`;
-  await imagePulls.do(pullKey, async () => {
-    log.info({ image: spec.image, force: spec.forcePull }, 'pulling the VM image');
-    await ctx.cli.run(imagePullArgv(spec.image, spec.forcePull), { timeoutMs: PULL_TIMEOUT_MS });
-  });
+  // With a registry, peek first: a cloud-image artifact is imported and booted under its local
+  // name, a snapshot artifact refused; a registry error throws (transient), never a fallback
+  // to `image pull` (docs/decisions.md, "Run-mode images").
+  const found = ctx.imageImporter
+    ? await ctx.imageImporter.ensure(spec.image, { force: spec.forcePull, log })
+    : { kind: 'pull' as const };
+  if (found.kind === 'refused') throw new BringUpError(found.message);
+  const image = found.kind === 'imported' ? found.localName : spec.image;
+  if (found.kind === 'pull') {
+    await imagePulls.do(`${spec.forcePull ? 'force ' : ''}${spec.image}`, async () => {
+      log.info({ image: spec.image, force: spec.forcePull }, 'pulling the VM image');
+      await ctx.cli.run(imagePullArgv(spec.image, spec.forcePull), { timeoutMs: PULL_TIMEOUT_MS });
+    });
+  }
   const cpu = cpuPolicy(spec.cpuRequestMilli, spec.cpuLimitMilli);
   const argv = runArgv({
     vmName: spec.vmName,
@@ -130,7 +139,7 @@ export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger
     windows: guestProfile(spec.os).runWindowsFlag,
     firecracker: spec.backend === 'firecracker',
     noDirectIO: spec.noDirectIO,
-    image: spec.image,
+    image,
   });
   let stdout: string;
   try {

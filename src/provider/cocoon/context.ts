@@ -25,6 +25,21 @@ export interface SnapshotPuller {
   ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
 }
 
+/** The run-mode image step with a registry (docs/registry.md "Cloud-image artifacts (run mode)"):
+ * a cloud-image artifact is imported and its local name booted, a snapshot artifact refused,
+ * anything else pulled; a registry that does not answer throws. `src/registry/image-import.ts`
+ * implements it. */
+export interface RunImageImporter {
+  ensure(
+    image: string,
+    opts: { force?: boolean; log?: Logger },
+  ): Promise<
+    | { readonly kind: 'imported'; readonly localName: string }
+    | { readonly kind: 'refused'; readonly message: string }
+    | { readonly kind: 'pull' }
+  >;
+}
+
 /** What the registry holds for `<repo>:<tag>` (docs/registry.md, "Identity read"). */
 export interface SnapshotIdentity {
   readonly digest: string;
@@ -77,6 +92,8 @@ export interface ProviderDeps {
   puller?: SnapshotPuller;
   /** Snapshot pushes, identity reads and hibernate pulls; unset without `OCI_REGISTRY`. */
   store?: SnapshotStore;
+  /** Run-mode cloud-image artifacts from the registry; unset without `OCI_REGISTRY`. */
+  imageImporter?: RunImageImporter;
 }
 
 export interface ProviderContext extends ProviderDeps {
