@@ -68,6 +68,10 @@ test('TokenBucket: an aborted wait rejects at once and gives its place up', asyn
 test('TokenBucket: high-priority takers are served before waiting normal ones; the bound still holds', async () => {
   const b = new TokenBucket(50, 1);
   await b.take();
+  // The next token (20 ms away) is promised to a blocker queued now, so a loaded machine that
+  // stalls before the takes below are queued cannot hand the first of them a free token out
+  // of rank (seen under CI load).
+  void b.take({ priority: 'high' });
   const order: string[] = [];
   const take = (name: string, priority: 'high' | 'normal', maxWaitMs?: number) =>
     b.take({ priority, maxWaitMs }).then(
@@ -75,9 +79,9 @@ test('TokenBucket: high-priority takers are served before waiting normal ones; t
       () => order.push(`${name}:rejected`),
     );
   const all = [take('n1', 'normal'), take('n2', 'normal'), take('h1', 'high'), take('h2', 'high')];
-  // A normal waiter whose estimate fit (4 ahead: 100 ms) but which high takers pushed back
+  // A normal waiter whose estimate fit (5 ahead: 120 ms) but which high takers pushed back
   // is rejected by the backstop at its bound.
-  all.push(take('n3', 'normal', 110));
+  all.push(take('n3', 'normal', 130));
   all.push(take('h3', 'high'), take('h4', 'high'));
   await Promise.all(all);
   assert.deepEqual(order.slice(0, 4), ['h1', 'h2', 'h3', 'h4']);
