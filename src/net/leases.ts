@@ -252,6 +252,8 @@ export class LeaseFile {
   readonly path: string;
   #key = '';
   #cached: LeaseSnapshot | undefined;
+  /** The read through a file handle in progress (one at a time). */
+  #handleRead: Promise<LeaseSnapshot> | undefined;
   readonly #pollMs: number;
   readonly #debounceMs: number;
   readonly #log: Logger | undefined;
@@ -278,21 +280,47 @@ export class LeaseFile {
   }
 
   async read(): Promise<LeaseSnapshot> {
-    // The cache is checked with one synchronous stat of the path: every probe (each pod every
-    // 5 s) and every reconcile reads the file, and open + fstat + close cost ~160 µs of CPU
-    // (three thread-pool round trips, a FileHandle) where a stat costs ~3 µs, which made the
-    // reads the largest cost of an idle node (docs/decisions.md "Daemon memory"). An equal
-    // key says the path holds the very bytes cached; anything else (changed, missing, an
-    // error) takes the handle path below, where stat and read describe the same bytes.
-    if (this.#cached !== undefined) {
-      let st: BigIntStats | undefined;
-      try {
-        st = statSync(this.path, { bigint: true, throwIfNoEntry: false });
-      } catch {
-        st = undefined;
-      }
-      if (st !== undefined && statKey(st) === this.#key) return this.#cached;
+    // A read that finds another one going on waits for it and checks the cache again: that
+    // read started before this call, so only a check made after it says what the file holds
+    // now. N reconciles woken by one change thus read and parse the file once, not N times.
+    for (;;) {
+      const hit = this.#cacheHit();
+      if (hit !== undefined) return hit;
+      const running = this.#handleRead;
+      if (running === undefined) break;
+      await running.then(
+        () => {},
+        () => {},
+      );
     }
+    const read = this.#readThroughHandle();
+    this.#handleRead = read;
+    try {
+      return await read;
+    } finally {
+      if (this.#handleRead === read) this.#handleRead = undefined;
+    }
+  }
+
+  /** The cached snapshot when the path still holds the bytes it was parsed from. Checked
+   * with one synchronous stat of the path: every probe (each pod every 5 s) and every
+   * reconcile reads the file, and open + fstat + close cost ~160 µs of CPU (three thread-pool
+   * round trips, a FileHandle) where a stat costs ~3 µs, which made the reads the largest
+   * cost of an idle node (docs/decisions.md "Daemon memory"). Anything else (changed,
+   * missing, an error) is left to the handle read, where stat and read describe the same
+   * bytes. */
+  #cacheHit(): LeaseSnapshot | undefined {
+    if (this.#cached === undefined) return undefined;
+    let st: BigIntStats | undefined;
+    try {
+      st = statSync(this.path, { bigint: true, throwIfNoEntry: false });
+    } catch {
+      return undefined;
+    }
+    return st !== undefined && statKey(st) === this.#key ? this.#cached : undefined;
+  }
+
+  async #readThroughHandle(): Promise<LeaseSnapshot> {
     let handle: FileHandle | undefined;
     try {
       handle = await open(this.path, 'r');

@@ -1,6 +1,8 @@
 // LeaseFile.read(): the cached snapshot is checked with a stat of the path; whatever the stat
-// does not vouch for (another inode, a missing file, a directory) is read through a handle.
+// does not vouch for (another inode, a missing file, a directory) is read through a handle,
+// one such read at a time, shared by the callers that came while it ran.
 import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
 import { mkdir, mkdtemp, rename, rm, utimes, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -68,5 +70,33 @@ describe('LeaseFile.read() cache check', () => {
     await rm(path);
     await mkdir(path);
     assert.equal((await file.read()).ok, false);
+  });
+
+  it('concurrent reads after a change share one read of the file', async () => {
+    const path = join(dir, 'shared.json');
+    await writeFile(path, row('172.24.2.1'));
+    const file = new LeaseFile(path);
+    await file.read();
+    await writeFile(path, row('172.24.2.22'));
+    const all = await Promise.all(Array.from({ length: 20 }, () => file.read()));
+    assert.ok(all[0]?.ok);
+    assert.equal(all[0].leases[0]?.ip, '172.24.2.22');
+    for (const s of all) assert.equal(s, all[0], 'one snapshot for every caller');
+  });
+
+  it('a change made while a read runs is seen by a read that starts after it', async () => {
+    const path = join(dir, 'during.json');
+    await writeFile(path, row('172.24.3.1'));
+    const file = new LeaseFile(path);
+    for (let i = 0; i < 20; i++) {
+      const ip = `172.24.3.${100 + i}`;
+      writeFileSync(path, row(`172.24.4.${100 + i}`));
+      const before = file.read(); // a handle read, still running below
+      writeFileSync(path, row(ip));
+      const after = await file.read();
+      await before;
+      assert.ok(after.ok);
+      assert.equal(after.leases[0]?.ip, ip);
+    }
   });
 });
