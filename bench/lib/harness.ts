@@ -126,6 +126,12 @@ export class Bench {
     // Node flags for the daemon alone, e.g. VK_BENCH_DAEMON_NODE_OPTIONS="--cpu-prof --cpu-prof-dir=/tmp/prof".
     if (process.env.VK_BENCH_DAEMON_NODE_OPTIONS)
       daemonEnv.NODE_OPTIONS = process.env.VK_BENCH_DAEMON_NODE_OPTIONS;
+    // Other variables for the daemon alone (space-separated NAME=value), e.g.
+    // VK_BENCH_DAEMON_ENV="MALLOC_ARENA_MAX=2" to measure an allocator setting.
+    for (const pair of (process.env.VK_BENCH_DAEMON_ENV ?? '').split(/\s+/)) {
+      const eq = pair.indexOf('=');
+      if (eq > 0) daemonEnv[pair.slice(0, eq)] = pair.slice(eq + 1);
+    }
     const daemonOpts: DaemonOptions = {
       cluster: g.cluster,
       nodeName: label,
