@@ -37,6 +37,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/lifecycle-restart.test.ts': { estimate: 90 },
   'test/integration/teardown.test.ts': { estimate: 80 },
   'test/integration/hibernate-faults.test.ts': { estimate: 75 },
+  'test/integration/gc-gate.test.ts': { estimate: 75 },
   sim: { estimate: 70 },
   'test/integration/registry-pull.test.ts': { estimate: 45 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },

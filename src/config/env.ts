@@ -227,7 +227,8 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_SNAPSHOT_CPU_CLASS',
     default: '(unset)',
-    meaning: 'later tier: snapshot CPU class label value',
+    meaning:
+      'snapshot CPU class of this node: the cocoonstack.io/snapshot-cpu-class node label; a pod whose nodeSelector names another class is refused',
   },
   {
     name: 'VK_COCOON_MACOS_BIN',
@@ -256,7 +257,6 @@ const LATER_TIER = [
   'VK_COCOON_SNAPSHOT_DIR',
   'SNAPSHOT_ZSTD_LEVEL',
   'SNAPSHOT_CHUNK_SIZE_MIB',
-  'VK_SNAPSHOT_CPU_CLASS',
 ] as const;
 
 export class ConfigError extends Error {

@@ -17,6 +17,7 @@ import { AdmissionOrder } from '../../util/priority.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { VmAccess } from './access.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
+import { type GcResult, SnapshotGc } from './gc.ts';
 import { Loops } from './loops.ts';
 import { claim, keyOf, startBringUp } from './ops/create.ts';
 import { deletePod } from './ops/delete.ts';
@@ -32,6 +33,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
   readonly #ctx: ProviderContext;
   readonly #loops: Loops;
   readonly #access: VmAccess;
+  readonly #gc: SnapshotGc;
 
   constructor(deps: CocoonProviderOptions) {
     // Issue 9: every operation of a pod (and the jobs, timers and calls it starts) runs under
@@ -58,6 +60,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     this.#ctx = ctx;
     this.#loops = new Loops(ctx);
     this.#access = new VmAccess(ctx);
+    this.#gc = new SnapshotGc(ctx);
   }
 
   // ---- PodLifecycleHandler -------------------------------------------------------------
@@ -131,13 +134,21 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     return startupReconcile(this.#ctx, pods);
   }
 
-  /** Starts the lifecycle tick and the lease-file watch. Call after startup reconcile. */
+  /** Starts the lifecycle tick, the lease-file watch and (with a registry) the local snapshot
+   * GC, which runs once now and every 10 min. Call after startup reconcile. */
   startLoops(): void {
     this.#loops.start();
+    this.#gc.start();
   }
 
   stopLoops(): void {
     this.#loops.stop();
+    this.#gc.stop();
+  }
+
+  /** One local snapshot GC pass now (tests; the schedule runs it at start and every 10 min). */
+  snapshotGc(): Promise<GcResult | undefined> {
+    return this.#gc.runOnce();
   }
 
   /** Watches the VMs for the process lifetime (docs/contracts/pod-to-vm.md, "VM event

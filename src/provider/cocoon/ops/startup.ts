@@ -19,6 +19,7 @@ import { startTimeFromApi, statusFromApi } from '../../../lifecycle/status.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { isClonedBootSpec, type VMSpec } from '../../../vmspec/decode.ts';
+import { cpuClassStartupError } from '../../../vmspec/snapshot-cpu-class.ts';
 import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
 import { decodeSpec, type ProviderContext } from '../context.ts';
 import { patchAnnotations, publish } from '../publication/held.ts';
@@ -42,6 +43,9 @@ import { scheduleOpRetry } from './retry.ts';
 import { reconcileStaleCreates } from './stale.ts';
 
 export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
+  // Step 2: the snapshot CPU-class gate; a mismatching non-terminal pod refuses the startup.
+  const gate = cpuClassStartupError(pods, ctx.config.snapshotCpuClass);
+  if (gate) throw new Error(gate);
   const { stdout } = await ctx.cli.run(listArgv(), { timeoutMs: 60_000 });
   const listed = parseVmList(stdout);
   if (!listed.ok) throw new Error(`cocoon vm list: ${listed.error}`);
