@@ -40,6 +40,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/gc-gate.test.ts': { estimate: 75 },
   sim: { estimate: 70 },
   'test/integration/registry-pull.test.ts': { estimate: 45 },
+  'test/integration/vm-events.test.ts': { estimate: 40 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
   'test/integration/registry-push.test.ts': { estimate: 15 },
   'test/integration/run-artifacts.test.ts': { estimate: 15 },
