@@ -33,6 +33,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/soak.test.ts': { estimate: 280 },
   'test/integration/lifecycle.test.ts': { estimate: 205 },
   'test/integration/virtual-node.test.ts': { estimate: 180 },
+  'test/integration/sac.test.ts': { estimate: 130 },
   'test/integration/hardening.test.ts': { estimate: 105 },
   'test/integration/lifecycle-restart.test.ts': { estimate: 90 },
   'test/integration/teardown.test.ts': { estimate: 80 },

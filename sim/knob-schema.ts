@@ -73,13 +73,26 @@ const Dhcp = v.strictObject({
   vms: v.optional(v.array(DhcpVm)),
 });
 
+/** SAC console behaviour (docs/simulator.md, "Stand-ins"); per VM name in `vms`. */
+const SacBehaviour = {
+  readyAfterMs: v.optional(ms),
+  nicsVisibleAfterMs: v.optional(ms),
+  noPrompt: v.optional(v.boolean()),
+  setFails: v.optional(v.boolean()),
+  setIgnored: v.optional(v.boolean()),
+};
+const Sac = v.strictObject({
+  ...SacBehaviour,
+  vms: v.optional(v.array(v.strictObject({ match: regex, ...SacBehaviour }))),
+});
+
 const Guest = v.strictObject({
   agentReadyAfterMs: v.optional(ms),
   vms: v.optional(v.array(v.strictObject({ match: regex, agentReadyAfterMs: v.optional(ms) }))),
   execFailures: v.optional(
     v.array(v.strictObject({ match: v.optional(regex), attempts: count, error: v.optional(v.string()) })),
   ),
-  sac: v.optional(v.strictObject({ readyAfterMs: v.optional(ms) })),
+  sac: v.optional(Sac),
   serveVsock: v.optional(v.boolean()),
 });
 

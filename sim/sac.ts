@@ -1,11 +1,16 @@
 // Serial console emulation on console.sock (cocoon-cli.md §8.2, lifecycle.md §6.6).
 // Windows guests: a Special Administration Console with the `SAC>` prompt; `i` lists
-// `Net: <n>, Ip=<ip>  Subnet=<mask>  Gateway=<gw>` (one line per NIC, net numbers 10, 11, ...;
-// nothing before guest.sac.readyAfterMs), `i <n> <ip> <mask> <gw>` sets a NIC's address.
-// Linux cloud-image guests: a login prompt that echoes what it is sent.
+// `Net: <n>, Ip=<ip>  Subnet=<mask>  Gateway=<gw>` (one line per NIC, net numbers 10, 11, ...),
+// `i <n> <ip> <mask> <gw>` sets a NIC's address. Knobs `guest.sac` (per VM name in `vms`):
+// nothing listed before readyAfterMs, only the first NIC before nicsVisibleAfterMs; noPrompt
+// (the console stays silent), setFails (the set is refused), setIgnored (the set answers
+// success but the listing keeps the old address). Every line received is logged to
+// <root>/sim/sac.jsonl. Linux cloud-image guests: a login prompt that echoes what it is sent.
+import fs from 'node:fs';
 import type net from 'node:net';
+import path from 'node:path';
 import { guestAddress, readGuest, updateGuest } from './guest.ts';
-import { loadKnobs } from './knobs.ts';
+import { type Knobs, loadKnobs, re } from './knobs.ts';
 
 const BANNER =
   '\r\nComputer is booting, SAC started and initialized.\r\n\r\n' +
@@ -34,7 +39,52 @@ export interface ConsoleTarget {
   name: string;
 }
 
-async function sacCommand(t: ConsoleTarget, line: string): Promise<string> {
+export interface SacPolicy {
+  readyAfterMs: number;
+  nicsVisibleAfterMs: number;
+  noPrompt: boolean;
+  setFails: boolean;
+  setIgnored: boolean;
+}
+
+/** The SAC behaviour for a VM name: the first `guest.sac.vms` entry that matches and sets a field wins. */
+export function sacPolicy(knobs: Knobs, vmName: string): SacPolicy {
+  const s = knobs.guest?.sac ?? {};
+  const out: SacPolicy = {
+    readyAfterMs: s.readyAfterMs ?? 0,
+    nicsVisibleAfterMs: s.nicsVisibleAfterMs ?? 0,
+    noPrompt: s.noPrompt ?? false,
+    setFails: s.setFails ?? false,
+    setIgnored: s.setIgnored ?? false,
+  };
+  const seen = new Set<string>();
+  for (const rule of s.vms ?? []) {
+    if (!re(rule.match).test(vmName)) continue;
+    for (const k of Object.keys(out) as (keyof SacPolicy)[]) {
+      const val = rule[k];
+      if (val !== undefined && !seen.has(k)) {
+        seen.add(k);
+        (out as unknown as Record<string, unknown>)[k] = val;
+      }
+    }
+  }
+  return out;
+}
+
+async function policyFor(t: ConsoleTarget): Promise<SacPolicy> {
+  return sacPolicy(await loadKnobs(t.root).catch((): Knobs => ({})), t.name);
+}
+
+function logLine(t: ConsoleTarget, line: string, policy: SacPolicy): void {
+  const entry = { at: new Date().toISOString(), vm: t.name, vmId: t.vmId, line, silent: policy.noPrompt };
+  try {
+    fs.appendFileSync(path.join(t.root, 'sim', 'sac.jsonl'), `${JSON.stringify(entry)}\n`);
+  } catch {
+    // the root is going away
+  }
+}
+
+async function sacCommand(t: ConsoleTarget, line: string, policy: SacPolicy): Promise<string> {
   const words = line.trim().split(/\s+/).filter(Boolean);
   const cmd = words[0]?.toLowerCase();
   if (cmd === undefined) return '';
@@ -42,10 +92,10 @@ async function sacCommand(t: ConsoleTarget, line: string): Promise<string> {
   if (cmd === 'i' && words.length === 1) {
     const g = readGuest(t.root, t.vmId);
     if (!g) return '';
-    const knobs = await loadKnobs(t.root).catch(() => ({}) as Awaited<ReturnType<typeof loadKnobs>>);
-    const readyAfter = knobs.guest?.sac?.readyAfterMs ?? 0;
-    if (Date.now() - g.bootedAt < readyAfter) return '';
-    return g.nics
+    const age = Date.now() - g.bootedAt;
+    if (age < policy.readyAfterMs) return '';
+    const nics = age < policy.nicsVisibleAfterMs ? g.nics.slice(0, 1) : g.nics;
+    return nics
       .map((nic, i) => {
         const a = guestAddress(nic, i, true);
         return `Net: ${FIRST_NET + i}, Ip=${a.ip}  Subnet=${a.mask}  Gateway=${a.gateway}`;
@@ -57,10 +107,11 @@ async function sacCommand(t: ConsoleTarget, line: string): Promise<string> {
     const [, netText, ip, mask, gw] = words;
     if (!validIp(ip) || !validIp(mask) || !validIp(gw)) return 'The specified IP address is invalid.';
     const index = Number(netText) - FIRST_NET;
+    if (policy.setFails) return 'SAC could not set the IP Address.';
     const ok = updateGuest(t.root, t.vmId, (g) => {
       const nic = Number.isInteger(index) ? g.nics[index] : undefined;
       if (!nic) return false;
-      nic.sac = { ip: ip as string, mask: mask as string, gateway: gw as string };
+      if (!policy.setIgnored) nic.sac = { ip: ip as string, mask: mask as string, gateway: gw as string };
       return true;
     });
     return ok
@@ -79,7 +130,11 @@ export function serveConsole(sock: net.Socket, t: ConsoleTarget): void {
   let busy = Promise.resolve();
   let flushTimer: NodeJS.Timeout | undefined;
   sock.on('error', () => sock.destroy());
-  sock.write(t.windows ? `${BANNER}SAC>` : `\r\n${t.name} login: `);
+  busy = busy.then(async () => {
+    if (sock.destroyed) return;
+    if (!t.windows) sock.write(`\r\n${t.name} login: `);
+    else if (!(await policyFor(t)).noPrompt) sock.write(`${BANNER}SAC>`);
+  });
   const handle = (line: string) => {
     busy = busy.then(async () => {
       if (sock.destroyed) return;
@@ -87,7 +142,10 @@ export function serveConsole(sock: net.Socket, t: ConsoleTarget): void {
         sock.write(line.trim() === '' ? `\r\n${t.name} login: ` : `${line}\r\nPassword: `);
         return;
       }
-      const out = await sacCommand(t, line);
+      const policy = await policyFor(t);
+      logLine(t, line, policy);
+      if (policy.noPrompt) return; // a console that never answers
+      const out = await sacCommand(t, line, policy);
       sock.write(`${line}\r\n${out}${out ? '\r\n' : ''}${PROMPT}`);
     });
   };

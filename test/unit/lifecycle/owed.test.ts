@@ -242,6 +242,47 @@ describe('deriveOwedStep row 7: SAC', () => {
     assert.equal(deriveOwedStep(done, NOW).kind, 'publishReady');
   });
 
+  it('run mode: ready only after a pass for this VM ID, even with an IP resolved; a failed pass is decided failed', () => {
+    const runMode = facts({
+      os: 'windows',
+      vm: windowsVm([STATIC_NIC, DHCP_NIC]),
+      clonedBoot: false,
+      ip: '10.88.3.17',
+    });
+    assert.deepEqual(deriveOwedStep(runMode, NOW), {
+      kind: 'startSac',
+      row: 7,
+      vmId: VM_ID,
+      abortJob: false,
+    });
+    const otherVm = { ...runMode, progress: { vmId: OTHER_VM_ID, sacDone: true } };
+    assert.equal(deriveOwedStep(otherVm, NOW).kind, 'startSac', 'a pass for another VM ID does not count');
+    const running = { ...runMode, job: { uid: runMode.uid, vmId: VM_ID, hardDeadline: NOW + 1 } };
+    assert.equal(deriveOwedStep(running, NOW).kind, 'none', 'the sac job in flight owns the decision');
+    const failed = {
+      ...runMode,
+      postCloneState: 'failed' as const,
+      postCloneErrors: 'sac dial: no SAC> prompt',
+      postCloneFailureReason: 'WindowsStaticIPFailed',
+    };
+    assert.deepEqual(deriveOwedStep(failed, NOW), {
+      kind: 'decideFailed',
+      row: 5,
+      vmId: VM_ID,
+      reason: 'WindowsStaticIPFailed',
+      message: 'sac dial: no SAC> prompt',
+      abortJob: false,
+    });
+    const done = { ...runMode, progress: { vmId: VM_ID, sacDone: true } };
+    assert.deepEqual(deriveOwedStep(done, NOW), {
+      kind: 'publishReady',
+      row: 8,
+      vmId: VM_ID,
+      ip: '10.88.3.17',
+      abortJob: false,
+    });
+  });
+
   it('sacOwed needs Windows and a static NIC', () => {
     assert.equal(sacOwed('windows', [STATIC_NIC]), true);
     assert.equal(sacOwed('windows', [DHCP_NIC]), false);

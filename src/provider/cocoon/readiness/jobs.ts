@@ -81,14 +81,14 @@ export function startJob(
 }
 
 /** The job's abort signal composed with the provider-lifetime signal only (docs/contracts/lifecycle.md "Cancellation"). */
-function jobSignal(ctx: ProviderContext, job: Job): AbortSignal {
+export function jobSignal(ctx: ProviderContext, job: Job): AbortSignal {
   return AbortSignal.any([ctx.lifetime, job.abort.signal]);
 }
 
 /** Runs `fn` in the pod queue only if the job still owns the pod's VM (R9) and is still the
  * pod's registered job: a superseded job (aborted at its hard deadline, its successor
  * started) never writes a marker after its successor did. */
-async function ifStillOwner(
+export async function ifStillOwner(
   ctx: ProviderContext,
   rec: PodRecord,
   job: Job,

@@ -18,18 +18,19 @@ import { isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { hold, patchAnnotations, publish, writePod } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
+import type { JobKind } from '../record-types.ts';
 import {
   annotationsOf,
   applyAnnotations,
   type PodRecord,
   progressFor,
   recordProgress,
-  setPostCloneFailureReason,
   setProbeReady,
   setStep,
 } from '../state.ts';
 import { readinessFacts } from './facts.ts';
 import { abortJob, runFixup, runIpWait, startJob } from './jobs.ts';
+import { runSac, sacJobBudgetMs } from './sac.ts';
 
 const STEP_NAMES: Record<OwedStep['kind'], string> = {
   none: 'Waiting',
@@ -40,6 +41,12 @@ const STEP_NAMES: Record<OwedStep['kind'], string> = {
   decideFailed: 'Failed',
   startIpWait: 'WaitingForLease',
   ensureIpWait: 'WaitingForLease',
+};
+
+const JOB_STEPS: Record<JobKind, string> = {
+  fixup: STEP_NAMES.startFixup,
+  sac: STEP_NAMES.startSac,
+  ipwait: STEP_NAMES.startIpWait,
 };
 
 function showStep(ctx: ProviderContext, rec: PodRecord, name: string): void {
@@ -71,8 +78,7 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
 
   switch (step.kind) {
     case 'none':
-      if (step.reason === 'job_in_flight' && rec.job)
-        showStep(ctx, rec, rec.job.kind === 'fixup' ? 'PostCloneFixup' : 'WaitingForLease');
+      if (step.reason === 'job_in_flight' && rec.job) showStep(ctx, rec, JOB_STEPS[rec.job.kind]);
       break;
     case 'reflush':
       await flushIntent(ctx, rec);
@@ -82,16 +88,8 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
       startJob(ctx, rec, 'fixup', FIXUP_BUDGET_MS, (job) => runFixup(ctx, rec, job));
       break;
     case 'startSac':
-      // Windows static IP over the serial console belongs to the next tier; until it exists
-      // it fails loudly instead of leaving the pod creating (tier rule: never silently).
-      setPostCloneFailureReason(rec, 'WindowsStaticIPFailed');
-      await failOp(
-        ctx,
-        rec,
-        'create',
-        'WindowsStaticIPFailed',
-        'sac: Windows static IP over the serial console is not supported by this vk-cocoon release',
-      );
+      showStep(ctx, rec, STEP_NAMES.startSac);
+      startJob(ctx, rec, 'sac', sacJobBudgetMs(rec), (job) => runSac(ctx, rec, job));
       break;
     case 'publishReady':
       await publishReady(ctx, rec, step.vmId);
