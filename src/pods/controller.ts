@@ -254,23 +254,27 @@ export class PodController {
     if (tracked) {
       // Every tracked pod goes through DeletePod, even with no container running: the
       // Go framework's shortcut here can leak a VM that is still booting (docs/contracts/virtual-node.md "Sync decisions").
+      let deleted: boolean;
       try {
-        await this.#providerDelete(pod);
+        deleted = await this.#providerDelete(pod);
       } catch (err) {
         this.#o.events.event(pod, 'Warning', 'ProviderDeleteFailed', errText(err));
         throw err;
       }
-      await this.#writeTerminalStatus(pod);
+      // Not found: the provider dropped the pod meanwhile (an eviction) after publishing its
+      // own terminal status; the generic one must not overwrite it.
+      if (deleted) await this.#writeTerminalStatus(pod);
     }
     await this.#forceDelete(pod);
     this.#forget(key);
   }
 
-  async #providerDelete(pod: V1Pod): Promise<void> {
+  async #providerDelete(pod: V1Pod): Promise<boolean> {
     try {
       await this.#o.provider.deletePod(pod);
+      return true;
     } catch (err) {
-      if (err instanceof NotFoundError) return;
+      if (err instanceof NotFoundError) return false;
       throw err;
     }
   }

@@ -7,6 +7,7 @@ import { apiStatus, withSignal } from '../../../kube/client.ts';
 import { pause } from '../../../util/deadline.ts';
 import { logFor, type ProviderContext } from '../context.ts';
 import { publish } from '../publication/held.ts';
+import { statusOf } from '../publication/status.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import { markDeleted, type PodRecord, setEvicting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
 import { cancelRetry } from './failure.ts';
@@ -19,6 +20,18 @@ export async function evict(
 ): Promise<void> {
   const log = logFor(ctx, rec);
   setEvicting(rec, { reason, message });
+  // The Failed status goes first, and is waited for: once the pod has a deletionTimestamp the
+  // pod controller force-deletes it as soon as the provider no longer tracks it, and a status
+  // still queued then would never land (test/integration/vm-events.test.ts).
+  const evicted: PodRecord['termination'] = { kind: 'evicted', reason, message };
+  try {
+    await ctx.status.writeNow({ ...rec.pod, status: statusOf(ctx, { ...rec, termination: evicted }) });
+  } catch (err) {
+    log.warn(
+      { err: String(err) },
+      'writing the Failed status of an evicted pod failed; evicting all the same',
+    );
+  }
   const namespace = rec.pod.metadata?.namespace ?? '';
   const name = rec.pod.metadata?.name ?? '';
   let outcome: 'ok' | 'replaced' | 'failed' = 'failed';
@@ -64,7 +77,7 @@ export async function evict(
   ctx.probes.delete(rec.key);
   if (outcome === 'ok') {
     ctx.events.event(rec.pod, 'Warning', 'Evicted', `${reason}: ${message}`.slice(0, 512));
-    markDeleted(rec, { kind: 'evicted', reason, message });
+    markDeleted(rec, evicted);
     publish(ctx, rec);
     log.warn({ reason, message }, 'pod evicted');
   } else {
