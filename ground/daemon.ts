@@ -70,19 +70,29 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
       resolve(code);
     }),
   );
-  await waitFor(
-    `vk-cocoon to serve the kubelet API on ${kubeletPort} (log: ${o.logFile})`,
-    async () => {
-      if (exitCode !== undefined) throw new Error(`vk-cocoon exited with ${exitCode}; see ${o.logFile}`);
-      const res = await httpsGet(`https://127.0.0.1:${kubeletPort}/healthz`).catch(() => undefined);
-      return res?.status === 200;
-    },
-    60_000,
-    100,
-  ).catch(async (err) => {
+  // A daemon that exits before it serves (a refused startup) fails the wait at once, not at
+  // the 60 s bound (waitFor retries through errors its check throws).
+  let serving = false;
+  const died = exited.then((code) => {
+    if (!serving) throw new Error(`vk-cocoon exited with ${code} before serving; see ${o.logFile}`);
+  });
+  died.catch(() => {});
+  await Promise.race([
+    waitFor(
+      `vk-cocoon to serve the kubelet API on ${kubeletPort} (log: ${o.logFile})`,
+      async () => {
+        const res = await httpsGet(`https://127.0.0.1:${kubeletPort}/healthz`).catch(() => undefined);
+        return res?.status === 200;
+      },
+      60_000,
+      100,
+    ),
+    died,
+  ]).catch(async (err) => {
     if (isAlive(pid)) await stopPid(pid, 1000);
     throw err;
   });
+  serving = true;
   return {
     pid,
     kubeletPort,
