@@ -1,5 +1,5 @@
 // The VM event stream (docs/contracts/cocoon-cli.md, "Event line"; docs/contracts/pod-to-vm.md,
-// "VM event watcher"): `cocoon vm status --event --format json` for the process lifetime,
+// "VM event watcher and eviction"): `cocoon vm status --event --format json` for the process lifetime,
 // one JSON `{event, vm}` per line. Lines over 1 MiB and undecodable lines are skipped; a
 // stream that fails to start or dies is restarted with backoff (1 s doubling to 60 s, reset
 // after a good start); a stream that ends normally is reconnected after 2 s. Every (re)start

@@ -1,4 +1,4 @@
-// The snapshot CPU-class gate (docs/contracts/pod-to-vm.md "Later tier notes"; docs/decisions.md
+// The snapshot CPU-class gate (docs/contracts/pod-to-vm.md "Snapshot CPU-class gate and local snapshot GC"; docs/decisions.md
 // "Snapshot GC and the CPU-class gate"): a pod whose nodeSelector names a snapshot CPU class
 // runs only on a node whose VK_SNAPSHOT_CPU_CLASS is exactly that class, because a memory
 // snapshot restored on another CPU model can fault in the guest. Succeeded and Failed pods are

@@ -1,4 +1,4 @@
-// Local snapshot GC (docs/contracts/pod-to-vm.md "Later tier notes"; docs/decisions.md
+// Local snapshot GC (docs/contracts/pod-to-vm.md "Snapshot CPU-class gate and local snapshot GC"; docs/decisions.md
 // "Snapshot GC and the CPU-class gate"): once at start and every 10 min, only with a registry,
 // the local snapshots named `vk-*` (VM names: hibernate copies) that no tracked pod uses and
 // that are stale against the registry's `<name>:hibernate` (tag gone, or another snapshot ID)

@@ -99,7 +99,9 @@ export async function salvageByName(
   } catch {
     return false;
   }
-  if (!vm || vm.name !== spec.vmName || vm.state === 'creating' || vm.state === 'error') return false;
+  // Only a running VM is adopted: a stopped or half-made one is not the bring-up that was owed
+  // (the create is retried; docs/contracts/pod-to-vm.md "CreatePod").
+  if (!vm || vm.name !== spec.vmName || vm.state !== 'running') return false;
   if (holderOfVm(ctx.pods, rec.key, vm)) return false;
   await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
   ctx.metrics.podLifecycle('create', 'ok', 'adopted');

@@ -65,7 +65,7 @@ export function sacJobBudgetMs(rec: PodRecord): number {
   return sacBudgetMs(nicsOf(rec).filter(isStaticNic).length);
 }
 
-/** `<COCOON_ROOT_DIR>/run/cloudhypervisor/<vmID>/console.sock` (docs/contracts/cocoon-cli.md, "On-disk layout"). */
+/** `<COCOON_ROOT_DIR>/run/cloudhypervisor/<vmID>/console.sock` (docs/contracts/cocoon-cli.md, "Files read under COCOON_ROOT_DIR"). */
 export function consoleSocketPath(rootDir: string, vmId: string): string {
   return join(rootDir, 'run', 'cloudhypervisor', vmId, 'console.sock');
 }
