@@ -46,6 +46,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/registry-push.test.ts': { estimate: 15 },
   'test/integration/run-artifacts.test.ts': { estimate: 15 },
   unit: { estimate: 40 },
+  'test/integration/stale-creates.test.ts': { estimate: 35 },
   'test/integration/startup.test.ts': { estimate: 30 },
   'test/integration/bringup.test.ts': { estimate: 30 },
   'test/integration/demo.test.ts': { estimate: 30 },
