@@ -161,9 +161,9 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       log: ctx.log.child({ module: 'vm-events' }),
       lifetime: ctx.lifetime,
       onEvent: (ev) => this.vmEvent(ev),
-      onStart: (restart) => {
-        if (restart) void this.#sweep();
-      },
+      // Every start, the first included: the stream's ADDED events are ignored, so a VM that
+      // died between the startup listing (or the last stream) and this one is found here.
+      onStart: () => void this.#sweep(),
       onEnd: () => {
         const old = monoNow() - 60_000;
         for (const [id, at] of ctx.vmRestarts) if (at < old) ctx.vmRestarts.delete(id);

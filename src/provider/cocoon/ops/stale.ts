@@ -103,6 +103,13 @@ async function decided(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise
       log.warn({ vmId: live.id, err: errText(err) }, 'removing an unusable interrupted create failed');
     }
   }
+  if (ctx.config.orphanPolicy === 'alert') {
+    ctx.metrics.orphanVm();
+    log.warn(
+      { vm: live.name, vmId: live.id, state: live.state },
+      'interrupted create ended unusable: kept (VK_ORPHAN_POLICY=alert)',
+    );
+  }
   ctx.orphansByName.set(live.name, live);
   return true;
 }
