@@ -51,6 +51,8 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/bringup.test.ts': { estimate: 30 },
   'test/integration/demo.test.ts': { estimate: 30 },
   'test/integration/writes.test.ts': { estimate: 25 },
+  // Builds the release (≈ 20 s, mostly gzip) unless dist/ has the artifact of unchanged inputs (7 s).
+  'test/integration/release.test.ts': { estimate: 25 },
   'test/integration/scheduling.test.ts': { estimate: 20 },
   'test/integration/ground.test.ts': { estimate: 15 },
 };

@@ -1,0 +1,17 @@
+#!/bin/sh
+# vk-cocoon release launcher (bin/vk-cocoon of the release tarball; scripts/release.sh copies
+# it there). Runs the daemon on the Node.js 24 runtime shipped in the release (runtime/node),
+# never a node from PATH, from wherever the release was unpacked (symlinks to this file are
+# followed, so /usr/local/bin/vk-cocoon -> /opt/vk-cocoon/current/bin/vk-cocoon works).
+#
+# The sources were stripped of their TypeScript types at build time (lib/src/*.js), so no
+# type stripper is loaded and no cache warm-up is needed (docs/decisions.md "Release
+# artifact"). NODE_COMPILE_CACHE keeps V8's code cache between starts: by default the unit's
+# CacheDirectory (systemd sets CACHE_DIRECTORY), else ~/.cache/vk-cocoon. The 2 MB
+# young-generation semi-space is the checkout's (docs/decisions.md "Daemon memory").
+here="$(dirname "$(readlink -f "$0")")/.."
+if [ -z "${NODE_COMPILE_CACHE:-}" ]; then
+  NODE_COMPILE_CACHE="${CACHE_DIRECTORY:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vk-cocoon}/node-compile-cache"
+fi
+export NODE_COMPILE_CACHE
+exec "$here/runtime/node" --max-semi-space-size=2 "$here/lib/src/main.js" "$@"
