@@ -2,6 +2,7 @@
 # Installs everything the project needs on a fresh machine. Idempotent and quick when warm.
 #  - npm dependencies, including Node.js 24 from the npm registry (node_modules/.bin/node)
 #  - Debian's docker-registry (CNCF distribution 2.8), the OCI registry of the tests
+#  - Debian's systemd (systemd-analyze verify of the release's unit file)
 #  - kube-apiserver, etcd and kubectl built from the Go module proxy (cached outside the repo)
 #  - the cocoon simulator's thin Go client (node_modules/.cache/vk-cocoon/, rebuilt when its
 #    source changes; without Go the simulator falls back to one Node process per call)
@@ -23,6 +24,15 @@ if ! command -v docker-registry >/dev/null; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-registry) >&2
   else
     say "docker-registry is missing: run 'sudo apt-get install docker-registry'"; exit 1
+  fi
+fi
+# systemd-analyze verifies the release's unit file (test/integration/release.test.ts).
+if ! command -v systemd-analyze >/dev/null; then
+  say "installing Debian's systemd (for systemd-analyze verify of the release unit)"
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends systemd) >&2
+  else
+    say "systemd-analyze is missing: run 'sudo apt-get install systemd'"; exit 1
   fi
 fi
 command -v openssl >/dev/null || { say "openssl is required (apt-get install openssl)"; exit 1; }
