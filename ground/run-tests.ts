@@ -40,6 +40,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/hibernate-faults.test.ts': { estimate: 75 },
   'test/integration/gc-gate.test.ts': { estimate: 75 },
   sim: { estimate: 70 },
+  'test/integration/top.test.ts': { estimate: 55 },
   'test/integration/registry-pull.test.ts': { estimate: 45 },
   'test/integration/vm-events.test.ts': { estimate: 40 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },

@@ -12,6 +12,7 @@ export PATH="$root/node_modules/.bin:$PATH"
 node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
 echo "kubernetes: $(head -1 "$(bash scripts/testbin.sh 2>/dev/null)/VERSION")"
 VK_CRANE_BIN="$(bash scripts/cranebin.sh | tail -1)/crane"; export VK_CRANE_BIN; echo "crane: $("$VK_CRANE_BIN" version) (registry conformance client, scripts/cranebin.sh)"
+VK_METRICS_SERVER_BIN="$(bash scripts/metricsserverbin.sh | tail -1)/metrics-server"; export VK_METRICS_SERVER_BIN; echo "$(cat "$(dirname "$VK_METRICS_SERVER_BIN")/VERSION") (kubectl top, scripts/metricsserverbin.sh)"
 if [ $# -gt 0 ]; then
   exec node ground/run-tests.ts "$@"
 fi

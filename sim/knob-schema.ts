@@ -96,6 +96,16 @@ const Guest = v.strictObject({
   serveVsock: v.optional(v.boolean()),
 });
 
+/** Load a node stand-in puts on the host (docs/simulator.md "Stand-ins"); per VM name in `vms`. */
+const StandinLoad = {
+  cpuMillicores: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(1000))),
+  rssMiB: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0), v.maxValue(65_536))),
+};
+const Standin = v.strictObject({
+  ...StandinLoad,
+  vms: v.optional(v.array(v.strictObject({ match: regex, ...StandinLoad }))),
+});
+
 const StaticNet = v.strictObject({
   subnet: v.pipe(v.string(), v.regex(/^\d+\.\d+\.\d+\.\d+\/\d+$/)),
   gateway: ipv4,
@@ -108,6 +118,7 @@ export const KnobsSchema = v.strictObject({
   exec: v.optional(v.array(ExecRule)),
   dhcp: v.optional(Dhcp),
   guest: v.optional(Guest),
+  standin: v.optional(Standin),
   list: v.optional(v.strictObject({ empty: v.optional(v.picklist(['message', '[]', 'nothing'])) })),
   images: v.optional(v.strictObject({ digests: v.optional(v.record(v.string(), v.string())) })),
   networks: v.optional(v.record(v.string(), StaticNet)),

@@ -262,9 +262,14 @@ export function startStandin(root: string, dir: BackendDir, vm: VmRecord, opts: 
   writeGuest(root, guest);
   fs.appendFileSync(consoleLogFile(root, dir, vm.id), bootLines(vm, opts.clone));
   const argv0 = dir === 'firecracker' ? 'firecracker' : 'cloud-hypervisor';
-  const nodeStandin = opts.imageType === 'cloudimg' || windows || opts.knobs.guest?.serveVsock === true;
+  const nodeStandin =
+    opts.imageType === 'cloudimg' ||
+    windows ||
+    opts.knobs.guest?.serveVsock === true ||
+    opts.knobs.standin !== undefined;
   const log = vmmLogFile(root, dir, vm.id);
-  // A console (or vsock) server needs node; everything else is a `sleep` named like the VMM.
+  // A console (or vsock) server, or a load (standin knobs), needs node; everything else is a
+  // `sleep` named like the VMM.
   const pid = nodeStandin
     ? spawnDetached(
         root,

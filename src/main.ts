@@ -217,7 +217,12 @@ async function main(argv: string[]): Promise<number> {
     { rootDir: config.cocoonRootDir, cgroupParent: config.cgroupParent, log },
   );
   attachSampler(metrics, sampler);
-  const metricsServer = await startMetricsServer({ addr: config.metricsAddr, metrics, log });
+  const metricsServer = await startMetricsServer({
+    addr: config.metricsAddr,
+    metrics,
+    log,
+    debugEndpoints: config.debugEndpoints,
+  });
 
   const authorizer = new KubeletAuthorizer(kube, config.nodeName, { clientCa, log });
   const server = new KubeletServer({

@@ -38,6 +38,8 @@ export interface Config {
   kubeletAuth: KubeletAuthMode;
   /** `host:port` or `:port`; empty disables the metrics listener. */
   metricsAddr: string;
+  /** Serve /debug/pprof/profile and /debug/pprof/heap on the metrics listener. */
+  debugEndpoints: boolean;
   reservePercent: number;
   nodeCpu: string | undefined;
   nodeMem: string | undefined;
@@ -155,6 +157,12 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     name: 'VK_METRICS_ADDR',
     default: ':9091',
     meaning: 'Prometheus /metrics listener host:port; empty disables',
+  },
+  {
+    name: 'VK_DEBUG_ENDPOINTS',
+    default: 'false',
+    meaning:
+      'true serves a CPU profile and a heap snapshot on the metrics listener (/debug/pprof/profile, /debug/pprof/heap)',
   },
   {
     name: 'VK_RESERVE_PERCENT',
@@ -390,6 +398,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     kubeletPort: int('VK_KUBELET_PORT', 10250, 1, 65535),
     kubeletAuth: oneOf<KubeletAuthMode>('VK_KUBELET_AUTH', 'webhook', ['webhook', 'none']),
     metricsAddr,
+    debugEndpoints: bool('VK_DEBUG_ENDPOINTS', false),
     reservePercent: int('VK_RESERVE_PERCENT', 20, 0, 100),
     nodeCpu: quantity('VK_NODE_CPU'),
     nodeMem: quantity('VK_NODE_MEM'),

@@ -1,7 +1,14 @@
 // The Prometheus listener (docs/metrics.md "`cocoon_vk_*` families", README.md "Configuration" `VK_METRICS_ADDR`): plain HTTP,
-// `GET /metrics` only, 404 for every other path.
+// `GET /metrics` only, 404 for every other path. With VK_DEBUG_ENDPOINTS=true it also serves
+// what /debug/pprof is to a Go daemon (docs/operations.md "Profiling in place"): a CPU profile
+// of N seconds (`/debug/pprof/profile?seconds=N`, a .cpuprofile for Chrome DevTools) and a
+// heap snapshot (`/debug/pprof/heap`, a .heapsnapshot), one at a time (409 while busy).
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import { Session } from 'node:inspector/promises';
 import type { AddressInfo } from 'node:net';
+import { pipeline } from 'node:stream/promises';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { getHeapSnapshot } from 'node:v8';
 import type { Logger } from '../log.ts';
 
 export interface ListenAddress {
@@ -42,6 +49,8 @@ export interface MetricsServerOptions {
   addr: string;
   metrics: MetricsSource;
   log: Logger;
+  /** `VK_DEBUG_ENDPOINTS`: serve /debug/pprof/profile and /debug/pprof/heap (default off: 404). */
+  debugEndpoints?: boolean;
 }
 
 /** Starts the listener; resolves `undefined` when `addr` is empty (disabled). */
@@ -51,8 +60,9 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
     options.log.info('metrics listener disabled (VK_METRICS_ADDR is empty)');
     return undefined;
   }
+  const debug = options.debugEndpoints ? new DebugEndpoints(options.log) : undefined;
   const server: Server = createServer((req, res) => {
-    void handle(options, req, res);
+    void handle(options, debug, req, res);
   });
   server.requestTimeout = 30_000;
   server.headersTimeout = 30_000;
@@ -65,7 +75,10 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
   });
   server.on('error', (err) => options.log.warn({ err: String(err) }, 'metrics listener error'));
   const bound = server.address() as AddressInfo;
-  options.log.info({ addr: `${bound.address}:${bound.port}` }, 'metrics listener started');
+  options.log.info(
+    { addr: `${bound.address}:${bound.port}`, debugEndpoints: debug !== undefined },
+    'metrics listener started',
+  );
   return {
     address: () => bound,
     close: () =>
@@ -76,20 +89,34 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
   };
 }
 
+function sendText(
+  res: ServerResponse,
+  status: number,
+  text: string,
+  headers: Record<string, string> = {},
+): void {
+  res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8', ...headers });
+  res.end(text);
+}
+
 async function handle(
   options: MetricsServerOptions,
+  debug: DebugEndpoints | undefined,
   req: IncomingMessage,
   res: ServerResponse,
 ): Promise<void> {
-  const path = (req.url ?? '/').split('?')[0];
+  const url = new URL(req.url ?? '/', 'http://metrics');
+  const path = url.pathname;
+  if (debug && path.startsWith(DEBUG_PREFIX)) {
+    await debug.handle(req, res, url);
+    return;
+  }
   if (path !== '/metrics') {
-    res.writeHead(404, { 'content-type': 'text/plain; charset=utf-8' });
-    res.end('404 page not found\n');
+    sendText(res, 404, '404 page not found\n');
     return;
   }
   if (req.method !== 'GET' && req.method !== 'HEAD') {
-    res.writeHead(405, { 'content-type': 'text/plain; charset=utf-8', allow: 'GET, HEAD' });
-    res.end('method not allowed\n');
+    sendText(res, 405, 'method not allowed\n', { allow: 'GET, HEAD' });
     return;
   }
   try {
@@ -103,5 +130,122 @@ async function handle(
     options.log.warn({ err: String(err) }, 'rendering metrics failed');
     if (!res.headersSent) res.writeHead(500, { 'content-type': 'text/plain; charset=utf-8' });
     res.end('metrics unavailable\n');
+  }
+}
+
+const DEBUG_PREFIX = '/debug/pprof/';
+/** `?seconds=` of a CPU profile: default 30 (Go's), bounded 1–60. */
+export const PROFILE_SECONDS = { default: 30, min: 1, max: 60 } as const;
+
+/** Parses `seconds` of `/debug/pprof/profile`; a string is the 400 message. */
+export function profileSeconds(raw: string | null): number | string {
+  if (raw === null || raw === '') return PROFILE_SECONDS.default;
+  const n = Number(raw);
+  if (!/^[0-9]+$/.test(raw) || n < PROFILE_SECONDS.min || n > PROFILE_SECONDS.max)
+    return `seconds=${JSON.stringify(raw)}: expected an integer from ${PROFILE_SECONDS.min} to ${PROFILE_SECONDS.max}\n`;
+  return n;
+}
+
+function stamp(): string {
+  return new Date().toISOString().replace(/[:.]/g, '-');
+}
+
+/**
+ * The debug endpoints: a CPU profile through the inspector's Profiler (in-process session,
+ * sampling on V8's profiler thread, so the daemon keeps running while it records) and a heap
+ * snapshot streamed from V8 (the snapshot itself stops the world while it is taken). One at
+ * a time: a second request while one runs is answered 409.
+ */
+class DebugEndpoints {
+  readonly #log: Logger;
+  #busy: string | undefined;
+
+  constructor(log: Logger) {
+    this.#log = log.child({ module: 'debug-endpoints' });
+  }
+
+  async handle(req: IncomingMessage, res: ServerResponse, url: URL): Promise<void> {
+    const what = url.pathname.slice(DEBUG_PREFIX.length);
+    if (what !== 'profile' && what !== 'heap') {
+      sendText(
+        res,
+        404,
+        '404 page not found (debug endpoints: /debug/pprof/profile?seconds=N, /debug/pprof/heap)\n',
+      );
+      return;
+    }
+    if (req.method !== 'GET') {
+      sendText(res, 405, 'method not allowed\n', { allow: 'GET' });
+      return;
+    }
+    const seconds = what === 'profile' ? profileSeconds(url.searchParams.get('seconds')) : 0;
+    if (typeof seconds === 'string') {
+      sendText(res, 400, seconds);
+      return;
+    }
+    if (this.#busy) {
+      sendText(res, 409, `a ${this.#busy} is being taken; try again when it is done\n`);
+      return;
+    }
+    this.#busy = what === 'profile' ? 'CPU profile' : 'heap snapshot';
+    const t0 = Date.now();
+    try {
+      if (what === 'profile') await this.#profile(req, res, seconds);
+      else await this.#heap(res);
+      this.#log.info(
+        { what, seconds: what === 'profile' ? seconds : undefined, ms: Date.now() - t0 },
+        'debug endpoint served',
+      );
+    } catch (err) {
+      this.#log.warn({ what, err: String(err) }, 'debug endpoint failed');
+      if (!res.headersSent) sendText(res, 500, `${what} failed: ${String(err)}\n`);
+      else res.destroy();
+    } finally {
+      this.#busy = undefined;
+    }
+  }
+
+  async #profile(req: IncomingMessage, res: ServerResponse, seconds: number): Promise<void> {
+    // A client that goes away ends the recording early (and gets nothing).
+    const gone = new AbortController();
+    const onClose = () => {
+      if (!res.writableFinished) gone.abort();
+    };
+    req.socket.once('close', onClose);
+    const session = new Session();
+    session.connect();
+    try {
+      await session.post('Profiler.enable');
+      await session.post('Profiler.start');
+      let stopped = false;
+      try {
+        await sleep(seconds * 1000, undefined, { signal: gone.signal }).catch(() => {});
+        const { profile } = await session.post('Profiler.stop');
+        stopped = true;
+        if (gone.signal.aborted) return;
+        const body = JSON.stringify(profile);
+        res.writeHead(200, {
+          'content-type': 'application/json',
+          'content-length': Buffer.byteLength(body),
+          'content-disposition': `attachment; filename="vk-cocoon-${stamp()}.cpuprofile"`,
+        });
+        res.end(body);
+      } finally {
+        if (!stopped) await session.post('Profiler.stop').catch(() => {});
+        await session.post('Profiler.disable').catch(() => {});
+      }
+    } finally {
+      session.disconnect();
+      req.socket.off('close', onClose);
+    }
+  }
+
+  async #heap(res: ServerResponse): Promise<void> {
+    const snapshot = getHeapSnapshot();
+    res.writeHead(200, {
+      'content-type': 'application/json',
+      'content-disposition': `attachment; filename="vk-cocoon-${stamp()}.heapsnapshot"`,
+    });
+    await pipeline(snapshot, res);
   }
 }

@@ -16,16 +16,17 @@ export function statsRoutes(
     res.writeHead(200, { 'content-type': contentType, 'content-length': Buffer.byteLength(body) });
     res.end(body);
   };
+  const summary: RouteHandler = async (_req, res) => {
+    send(res, 'application/json', JSON.stringify(buildSummary(await sampler.sample(), nodeName, startTime)));
+  };
+  const resource: RouteHandler = async (_req, res) => {
+    send(res, RESOURCE_METRICS_CONTENT_TYPE, buildResourceMetrics(await sampler.sample()));
+  };
+  // The trailing-slash forms are what some clients ask for (the kubelet answers both).
   return {
-    '/stats/summary': async (_req, res) => {
-      send(
-        res,
-        'application/json',
-        JSON.stringify(buildSummary(await sampler.sample(), nodeName, startTime)),
-      );
-    },
-    '/metrics/resource': async (_req, res) => {
-      send(res, RESOURCE_METRICS_CONTENT_TYPE, buildResourceMetrics(await sampler.sample()));
-    },
+    '/stats/summary': summary,
+    '/stats/summary/': summary,
+    '/metrics/resource': resource,
+    '/metrics/resource/': resource,
   };
 }

@@ -127,7 +127,12 @@ describe('statsRoutes', () => {
     await host.cpuStat(v.vmId, 1_000_000);
     await host.procStatus(v.pid, 2048);
     const routes = statsRoutes(new StatsSampler(() => [v], host.config), 'cocoon-pool', new Date(0));
-    assert.deepEqual(Object.keys(routes).sort(), ['/metrics/resource', '/stats/summary']);
+    assert.deepEqual(Object.keys(routes).sort(), [
+      '/metrics/resource',
+      '/metrics/resource/',
+      '/stats/summary',
+      '/stats/summary/',
+    ]);
     server = createServer((req, res) => {
       const h = routes[new URL(req.url ?? '/', 'http://x').pathname];
       if (h) void h(req, res);
