@@ -32,6 +32,7 @@ import { installTeardown, openPidRegistry } from './proc.ts';
 const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/soak.test.ts': { estimate: 280 },
   'test/integration/lifecycle.test.ts': { estimate: 205 },
+  'test/integration/explain.test.ts': { estimate: 245 },
   'test/integration/virtual-node.test.ts': { estimate: 180 },
   'test/integration/sac.test.ts': { estimate: 130 },
   'test/integration/hardening.test.ts': { estimate: 105 },

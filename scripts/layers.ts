@@ -28,6 +28,7 @@ export const LAYERS: Readonly<Record<string, number>> = {
   node: 4,
   provider: 5,
   'main.ts': 6,
+  cli: 6,
 };
 
 const FRAMEWORK = ['pods', 'kubelet', 'node'];

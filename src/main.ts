@@ -1,10 +1,11 @@
-// vk-cocoon entry point: `vk-cocoon [run]`, `--help`, `--version`.
+// vk-cocoon entry point: `vk-cocoon [run]`, `explain <ns>/<pod>` (src/cli/explain), `--help`, `--version`.
 // Start order (docs/contracts/virtual-node.md "Start order and shutdown"): configuration → client → serving certificate →
 // provider (startup reconcile) → pod watch → node + Lease → kubelet API. SIGTERM/SIGINT stop
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
 import { Counter, Gauge } from 'prom-client';
+import { runExplain, withExplainUsage } from './cli/explain/command.ts';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
 import { Kube, KubeConfigError, loadKubeConfig } from './kube/client.ts';
@@ -34,15 +35,18 @@ import { VERSION } from './version.ts';
 async function main(argv: string[]): Promise<number> {
   const cmd = argv[0] ?? 'run';
   if (cmd === '--help' || cmd === '-h' || cmd === 'help') {
-    process.stdout.write(helpText());
+    process.stdout.write(withExplainUsage(helpText()));
     return 0;
   }
   if (cmd === '--version' || cmd === 'version') {
     process.stdout.write(`${VERSION}\n`);
     return 0;
   }
+  if (cmd === 'explain') return await runExplain(argv.slice(1), process);
   if (cmd !== 'run') {
-    process.stderr.write(`vk-cocoon: unknown command ${JSON.stringify(cmd)}\n\n${helpText()}`);
+    process.stderr.write(
+      `vk-cocoon: unknown command ${JSON.stringify(cmd)}\n\n${withExplainUsage(helpText())}`,
+    );
     return 2;
   }
 
