@@ -3,7 +3,9 @@
  * Read path: ping, manifest HEAD/GET (with the mandatory Accept header and index resolution),
  * verified streaming blob GET. Write path (docs/registry.md "Push flow"): blob HEAD, blob upload
  * (POST, then one PUT for a small blob, or PATCH chunks streamed from a file and a final PUT;
- * 416 restarts the upload), manifest PUT, and manifest DELETE with the tag ⇒ digest fallback.
+ * 416 restarts the upload), a streamed upload (one PATCH, or chunks, taken from a source as
+ * it is read, the digest last; nothing to restart from), manifest PUT, and manifest DELETE
+ * with the tag ⇒ digest fallback.
  *
  * Transport: node:http/https over HTTP/1.1 with a keep-alive pool of up to 32 idle sockets per
  * host (`maxFreeSockets`), chosen over the global fetch because it exposes exactly that pool
@@ -157,6 +159,20 @@ export interface UploadOptions {
   readonly signal?: AbortSignal;
   /** Bytes the registry accepted (after each chunk or the whole PUT); negative on a restart. */
   readonly onBytes?: (n: number) => void;
+}
+
+/**
+ * A blob uploaded as it is read, front to back, once (docs/registry.md "Push flow"): its size
+ * is known up front, its digest only once every byte has been taken.
+ */
+export interface StreamedBlob {
+  readonly size: number;
+  /** What messages call it before its digest is known (a layer title). */
+  readonly label: string;
+  /** The next `length` bytes as a stream; called in order, each time the previous one ended. */
+  readonly take: (length: number) => Readable;
+  /** Resolves with the digest once every byte has been taken; rejects when the source failed. */
+  readonly digest: () => Promise<string>;
 }
 
 /** Default PATCH chunk (docs/registry.md "Distribution API subset": 64 MiB). */
@@ -652,7 +668,7 @@ export class RegistryClient {
   async #finishUpload(
     name: string,
     location: URL,
-    blob: BlobSource,
+    blob: Pick<BlobSource, 'digest'>,
     body: Buffer | StreamBody | undefined,
     signal: AbortSignal | undefined,
   ): Promise<void> {
@@ -702,32 +718,99 @@ export class RegistryClient {
     let location = await this.#startUpload(name, signal);
     for (let offset = 0; offset < blob.size; ) {
       const end = Math.min(blob.size, offset + chunk) - 1;
-      const what = `PATCH blob ${blob.digest} of ${name} bytes ${offset}-${end}`;
-      const start = offset;
-      const res = await this.request({
-        method: 'PATCH',
-        repository: name,
-        path: location.href,
-        actions: PUSH,
-        headers: { 'content-type': 'application/octet-stream', 'content-range': `${start}-${end}` },
-        body: { length: end - start + 1, open: () => fileRange(blob.file, start, end - start + 1) },
-        signal,
-      });
-      if (res.statusCode === 416) {
-        drain(res);
-        throw new UploadRestart(`416 on ${what}`);
-      }
-      if (res.statusCode !== 202 && res.statusCode !== 204) throw await this.#statusError(res, what);
-      drain(res);
-      const range = /^(?:bytes=)?0-(\d+)$/.exec(String(res.headers.range ?? '').trim());
-      if (range && Number(range[1]) !== end) {
-        throw new UploadRestart(`${what}: the registry has bytes 0-${range[1]}`);
-      }
-      location = res.headers.location ? this.#location(res, location, what) : location;
-      onBytes(end - start + 1);
+      const body = { length: end - offset + 1, open: () => fileRange(blob.file, offset, end - offset + 1) };
+      location = await this.#patch(name, location, body, blob.digest, offset, end, signal);
+      onBytes(end - offset + 1);
       offset = end + 1;
     }
     await this.#finishUpload(name, location, blob, undefined, signal);
+  }
+
+  /** `PATCH` bytes `start..end` (inclusive) of a blob from `body`; resolves with the next `Location`. */
+  async #patch(
+    name: string,
+    location: URL,
+    body: StreamBody,
+    label: string,
+    start: number,
+    end: number,
+    signal: AbortSignal | undefined,
+  ): Promise<URL> {
+    const what = `PATCH blob ${label} of ${name} bytes ${start}-${end}`;
+    const res = await this.request({
+      method: 'PATCH',
+      repository: name,
+      path: location.href,
+      actions: PUSH,
+      headers: { 'content-type': 'application/octet-stream', 'content-range': `${start}-${end}` },
+      body,
+      signal,
+    });
+    if (res.statusCode === 416) {
+      drain(res);
+      throw new UploadRestart(`416 on ${what}`);
+    }
+    if (res.statusCode !== 202 && res.statusCode !== 204) throw await this.#statusError(res, what);
+    drain(res);
+    const range = /^(?:bytes=)?0-(\d+)$/.exec(String(res.headers.range ?? '').trim());
+    if (range && Number(range[1]) !== end) {
+      throw new UploadRestart(`${what}: the registry has bytes 0-${range[1]}`);
+    }
+    return res.headers.location ? this.#location(res, location, what) : location;
+  }
+
+  /**
+   * Uploads a blob as it is read (docs/registry.md "Push flow"): `POST`, then one `PATCH` with
+   * the whole blob (`Content-Range: 0-<size-1>`, exact `Content-Length`) — or `PATCH` chunks of
+   * `chunkBytes` when given — each body taken from the source as it streams, then the body-less
+   * `PUT ?digest=` once the source has given its digest. `onBytes` counts bytes as they are
+   * handed to the socket. Nothing is kept to send again, so a 416 or an unexpected `Range`
+   * (which {@link uploadBlob} answers by starting over) fails the upload, as does a challenge
+   * that would need a body re-sent.
+   */
+  async uploadStreamedBlob(name: string, blob: StreamedBlob, opts: UploadOptions = {}): Promise<string> {
+    const chunk = opts.chunkBytes === undefined ? blob.size : Math.max(1, Math.floor(opts.chunkBytes));
+    const signal = opts.signal;
+    let location = await this.#startUpload(name, signal);
+    try {
+      for (let offset = 0; offset < blob.size; ) {
+        const end = Math.min(blob.size, offset + chunk) - 1;
+        const length = end - offset + 1;
+        let taken = false;
+        const body: StreamBody = {
+          length,
+          open: () => {
+            if (taken) throw new Error(`${blob.label}: a streamed chunk cannot be sent twice`);
+            taken = true;
+            const part = blob.take(length);
+            // #send pipes it in this same tick, so this listener misses nothing.
+            const onBytes = opts.onBytes;
+            if (onBytes) part.on('data', (c: Buffer) => onBytes(c.length));
+            return part;
+          },
+        };
+        location = await this.#patch(name, location, body, `${blob.label} (streamed)`, offset, end, signal);
+        offset = end + 1;
+      }
+      const digest = await blob.digest();
+      if (!isDigest(digest)) {
+        throw new RegistryError(
+          'invalid',
+          `upload to ${name}: ${JSON.stringify(digest)} is not a sha256 digest`,
+        );
+      }
+      await this.#finishUpload(name, location, { digest }, undefined, signal);
+      return digest;
+    } catch (error) {
+      if (error instanceof UploadRestart) {
+        throw new RegistryError(
+          'http',
+          `upload of ${blob.label} to ${name}: ${error.message}; a streamed upload cannot start over`,
+          { status: 416 },
+        );
+      }
+      throw error;
+    }
   }
 
   /**

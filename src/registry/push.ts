@@ -3,26 +3,30 @@
  * the identity read (docs/registry.md "Identity read").
  *
  * 1. `cocoon snapshot export <name> -o -`; the tar is read as it streams.
- * 2. `snapshot.json` ⇒ the envelope (checked at once). Every other regular file is spooled to a
- *    temporary file while it is hashed (the digest is needed before the upload), then — in the
- *    background, at most `concurrency` at a time — `HEAD`ed and uploaded only when missing; its
- *    spool file is removed as soon as it is up.
+ * 2. `snapshot.json` ⇒ the envelope (checked at once). Then every other regular file, by size:
+ *    - larger than `streamMinMiB` (64) and not seen by this process in this repository before
+ *      ({@link knownFiles}): uploaded as it is read — no spool file, no `HEAD` first — in one
+ *      PATCH whose body is the tar entry, hashed on the way, the export waiting for the upload;
+ *    - otherwise spooled to a temporary file while it is hashed (the digest is needed first),
+ *      then — in the background, at most `concurrency` at a time — `HEAD`ed and uploaded only
+ *      when missing; its spool file is removed as soon as it is up.
  * 3. The tar ends and the export exits 0; any failure (export, tar, upload) aborts here,
  *    without a manifest.
  * 4. The config blob (if missing), then the manifest `PUT` — last, so "the tag exists" means
  *    "the snapshot is complete".
  * 5. Hibernate only: the same manifest is put again with `cocoonstack.snapshot.from-node`.
  *
- * Memory stays bounded whatever the snapshot size: the tar is consumed with backpressure,
- * layers go to disk and are uploaded from the file (PATCH chunks streamed by range). The spool
- * directory is removed in every outcome, abort included.
+ * Memory stays bounded whatever the snapshot size: the tar is consumed with backpressure, a
+ * streamed file holds at most a part's buffer (1 MiB) and the socket's, a spooled one goes to
+ * disk and is uploaded from the file by range. The spool directory is removed in every outcome,
+ * abort included.
  */
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Transform, type TransformCallback } from 'node:stream';
+import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import tar from 'tar-stream';
@@ -50,12 +54,16 @@ import {
   snapshotConfigFromEnvelope,
   type WrittenLayer,
 } from './artifact-write.ts';
-import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError } from './client.ts';
+import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError, type StreamedBlob } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
 
 const MiB = 1024 * 1024;
 /** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
 export const DEFAULT_PUSH_CONCURRENCY = 8;
+/** Files larger than this are streamed to the registry as they are exported (`streamMinMiB`). */
+export const DEFAULT_STREAM_MIN_MIB = 64;
+/** Files remembered as present in a repository (see {@link knownFiles}). */
+const KNOWN_FILES_MAX = 4096;
 /** Tail of the export's stderr kept for the error message. */
 const STDERR_TAIL = 8 * 1024;
 /** How long a failed tar stream waits for the export to exit and say why. */
@@ -100,6 +108,12 @@ export interface PushSnapshotOptions {
   readonly concurrency?: number;
   /** PATCH chunk in MiB (default 64). */
   readonly chunkMiB?: number;
+  /**
+   * Files larger than this (MiB, default 64) are uploaded as they are exported, with no spool
+   * and no `HEAD` first, unless this process has seen the same file in the repository before
+   * (then: spool, `HEAD`, upload when missing). See docs/registry.md "Push flow".
+   */
+  readonly streamMinMiB?: number;
   readonly signal?: AbortSignal;
   readonly log?: Logger;
   /** Progress log cadence (default 5 s). */
@@ -176,7 +190,18 @@ export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResul
     });
     let exported: { envelope: ExportEnvelope; layers: SpooledLayer[] } | undefined;
     try {
-      exported = await exportLayers({ cli, localName, spool, signal, uploader, progress, log });
+      exported = await exportLayers({
+        cli,
+        localName,
+        spool,
+        signal,
+        uploader,
+        progress,
+        log,
+        streamMinBytes: Math.max(0, opts.streamMinMiB ?? DEFAULT_STREAM_MIN_MIB) * MiB,
+        fileKey: (snapshotId, title, size) =>
+          `${registry.base.host}/${name}\n${snapshotId}\n${title}\n${size}`,
+      });
     } catch (error) {
       failWith('export', error);
     }
@@ -327,6 +352,10 @@ interface ExportOptions {
   readonly uploader: LayerUploader;
   readonly progress: PushProgress;
   readonly log: Logger;
+  /** Files larger than this are streamed (unless known, see {@link knownFiles}). */
+  readonly streamMinBytes: number;
+  /** The {@link knownFiles} key of a file of this snapshot. */
+  readonly fileKey: (snapshotId: string, title: string, size: number) => string;
 }
 
 /**
@@ -390,20 +419,45 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
       titles.add(title.value);
       const file = join(o.spool, String(layers.length));
       o.progress.file = title.value;
-      const hashing = new Hashing((n) => o.progress.spooled(n));
-      await pipeline(entry, hashing, createWriteStream(file, { flags: 'wx', mode: 0o600 }), {
-        signal: o.signal,
-      });
+      const declared = h.size ?? 0;
+      const key = envelope ? o.fileKey(envelope.id, title.value, declared) : undefined;
+      const streamed = declared > o.streamMinBytes && !(key !== undefined && isKnownFile(key));
+      let digest: string;
+      let size: number;
+      if (streamed) {
+        // Large and not seen here before: uploaded as it is read, no spool (docs/registry.md "Push flow").
+        const source = new StreamedFile(title.value, declared, o.signal);
+        o.uploader.stream(source, key);
+        try {
+          for await (const chunk of entry) {
+            o.progress.spooled((chunk as Buffer).length);
+            await source.write(chunk as Buffer);
+          }
+          source.end();
+        } catch (error) {
+          source.fail(error);
+          throw error;
+        }
+        digest = await source.digest();
+        size = declared;
+      } else {
+        const hashing = new Hashing((n) => o.progress.spooled(n));
+        await pipeline(entry, hashing, createWriteStream(file, { flags: 'wx', mode: 0o600 }), {
+          signal: o.signal,
+        });
+        digest = hashing.digest();
+        size = hashing.size;
+      }
       const layer: SpooledLayer = {
         title: title.value,
         mediaType: layerMediaType(title.value),
-        digest: hashing.digest(),
-        size: hashing.size,
+        digest,
+        size,
         file,
-        info: exportedFileInfo(h.mode, hashing.size, h.pax as Record<string, string> | null | undefined),
+        info: exportedFileInfo(h.mode, size, h.pax as Record<string, string> | null | undefined),
       };
       layers.push(layer);
-      o.uploader.add(layer);
+      if (!streamed) o.uploader.add(layer, key);
     }
     await feeding;
   } catch (error) {
@@ -463,8 +517,153 @@ class Hashing extends Transform {
     cb(null, chunk);
   }
 
+  #digest: string | undefined;
+
+  /** The digest of everything that went through (computed once). */
   digest(): string {
-    return `sha256:${this.#hash.digest('hex')}`;
+    this.#digest ??= `sha256:${this.#hash.digest('hex')}`;
+    return this.#digest;
+  }
+}
+
+/**
+ * A large exported file on its way to the registry without a spool ({@link StreamedBlob}): the
+ * export loop {@link write}s the tar entry's bytes, hashing them, into the part the upload has
+ * asked for ({@link take}, one per PATCH chunk), with backpressure both ways — the export
+ * waits for the upload, never the reverse, and at most a part's buffer is in memory.
+ */
+class StreamedFile implements StreamedBlob {
+  readonly label: string;
+  readonly size: number;
+  readonly #signal: AbortSignal;
+  readonly #hash = createHash('sha256');
+  #written = 0;
+  #part: { stream: Readable; left: number } | undefined;
+  #failure: unknown;
+  #wakeWriter: (() => void) | undefined;
+  #digest: string | undefined;
+  readonly #done: Promise<string>;
+  #settle!: { resolve: (digest: string) => void; reject: (error: unknown) => void };
+
+  constructor(label: string, size: number, signal: AbortSignal) {
+    this.label = label;
+    this.size = size;
+    this.#signal = signal;
+    this.#done = new Promise<string>((resolve, reject) => {
+      this.#settle = { resolve, reject };
+    });
+    this.#done.catch(() => {}); // observed by the upload, or the export's own error wins
+  }
+
+  get failure(): unknown {
+    return this.#failure;
+  }
+
+  take(length: number): Readable {
+    if (this.#part) throw new Error(`${this.label}: a part was asked for before the last one ended`);
+    if (this.#failure !== undefined) throw this.#failure;
+    const stream = new Readable({ highWaterMark: 1 * MiB, read: () => this.#wake() });
+    stream.on('close', () => this.#wake());
+    this.#part = { stream, left: length };
+    this.#wake();
+    return stream;
+  }
+
+  digest(): Promise<string> {
+    return this.#done;
+  }
+
+  /** The export's next bytes; resolves when it may read on. */
+  async write(chunk: Buffer): Promise<void> {
+    this.#hash.update(chunk);
+    this.#written += chunk.length;
+    if (this.#written > this.size)
+      throw new Error(`${this.label}: more than the ${this.size} bytes of its tar entry`);
+    let rest = chunk;
+    while (rest.length > 0) {
+      const part = this.#part;
+      if (this.#failure !== undefined) throw this.#failure;
+      this.#signal.throwIfAborted();
+      if (part === undefined || part.stream.destroyed) {
+        // The upload has not asked for the next part yet (or is dropping this one): wait.
+        await this.#sleep();
+        continue;
+      }
+      const piece = rest.length > part.left ? rest.subarray(0, part.left) : rest;
+      rest = rest.subarray(piece.length);
+      part.left -= piece.length;
+      const more = part.stream.push(piece);
+      if (part.left === 0) {
+        part.stream.push(null);
+        this.#part = undefined;
+      } else if (!more) {
+        await this.#sleep();
+      }
+    }
+  }
+
+  /** Every byte has been written: the digest is known. */
+  end(): void {
+    if (this.#written !== this.size) {
+      this.fail(new Error(`${this.label}: ${this.#written} of ${this.size} bytes`));
+      return;
+    }
+    this.#digest = `sha256:${this.#hash.digest('hex')}`;
+    this.#settle.resolve(this.#digest);
+  }
+
+  /** The export side failed, or the upload gave up: the other side stops. */
+  fail(error: unknown): void {
+    if (this.#failure !== undefined || this.#digest !== undefined) return;
+    this.#failure = error ?? new Error(`${this.label}: failed`);
+    this.#part?.stream.destroy(this.#failure as Error);
+    this.#settle.reject(this.#failure);
+    this.#wake();
+  }
+
+  #wake(): void {
+    const wake = this.#wakeWriter;
+    this.#wakeWriter = undefined;
+    wake?.();
+  }
+
+  #sleep(): Promise<void> {
+    return new Promise<void>((resolve) => {
+      const done = () => {
+        this.#signal.removeEventListener('abort', done);
+        resolve();
+      };
+      this.#wakeWriter = done;
+      this.#signal.addEventListener('abort', done, { once: true });
+    });
+  }
+}
+
+/**
+ * Files this process has found in, or put into, a repository: `<registry>/<repository>`,
+ * snapshot id, title and size ⇒ digest (a snapshot's files never change). A file seen before
+ * is spooled, `HEAD`ed and uploaded only when missing, so a retried or repeated push skips it;
+ * a large file never seen is streamed (docs/registry.md "Push flow"). The least
+ * recently used entries go beyond {@link KNOWN_FILES_MAX}.
+ */
+const knownFiles = new Map<string, string>();
+
+function isKnownFile(key: string): boolean {
+  const digest = knownFiles.get(key);
+  if (digest === undefined) return false;
+  knownFiles.delete(key);
+  knownFiles.set(key, digest);
+  return true;
+}
+
+function rememberFile(key: string | undefined, digest: string): void {
+  if (key === undefined) return;
+  knownFiles.delete(key);
+  knownFiles.set(key, digest);
+  while (knownFiles.size > KNOWN_FILES_MAX) {
+    const oldest = knownFiles.keys().next();
+    if (oldest.done) break;
+    knownFiles.delete(oldest.value);
   }
 }
 
@@ -481,9 +680,11 @@ interface UploaderOptions {
 }
 
 /**
- * Uploads spooled layers in the background, at most `concurrency` at a time: `HEAD` first,
- * upload only when missing, each digest once per push; the spool file goes as soon as its blob
- * is in the registry. The first failure is reported through `onError` (which aborts the push).
+ * Uploads layers in the background, at most `concurrency` at a time. A spooled layer: `HEAD`
+ * first, upload only when missing, each digest once per push; its spool file goes as soon as
+ * its blob is in the registry. A streamed one: one `PATCH` fed by the export as it reads the
+ * file, the digest in the final `PUT`. The first failure is reported through `onError` (which
+ * aborts the push).
  */
 class LayerUploader {
   readonly #o: UploaderOptions;
@@ -496,18 +697,41 @@ class LayerUploader {
     this.#o = o;
   }
 
-  add(layer: SpooledLayer): void {
+  /** A spooled layer; `key` remembers it (see {@link knownFiles}) once it is in the registry. */
+  add(layer: SpooledLayer, key: string | undefined): void {
     const same = this.#byDigest.get(layer.digest);
     const task = same
       ? same.then(() => this.#o.progress.skipped(layer.size))
       : this.#withSlot(() => this.#upload(layer));
     if (!same) this.#byDigest.set(layer.digest, task);
     const done = task
+      .then(() => rememberFile(key, layer.digest))
       .catch((error: unknown) => {
         const text = error instanceof Error ? error.message : String(error);
         this.#o.onError(new Error(`layer ${layer.title} (${layer.digest}): ${text}`, { cause: error }));
       })
       .finally(() => rm(layer.file, { force: true }).catch(() => {}));
+    this.#all.push(done);
+  }
+
+  /** A layer read from the export as it uploads (no spool file, no `HEAD` first). */
+  stream(source: StreamedFile, key: string | undefined): void {
+    const { registry, name, signal, progress } = this.#o;
+    const task = this.#withSlot(async () => {
+      signal.throwIfAborted();
+      const digest = await registry.uploadStreamedBlob(name, source, {
+        signal, // one PATCH for the whole file: there is no restart to make chunks worth their gaps
+        onBytes: (n) => progress.uploaded(n),
+      });
+      rememberFile(key, digest);
+    });
+    const done = task.catch((error: unknown) => {
+      // The export side failed first (this upload failed with it): the export reports that.
+      if (source.failure !== undefined) return;
+      source.fail(error);
+      const text = error instanceof Error ? error.message : String(error);
+      this.#o.onError(new Error(`layer ${source.label} (streamed): ${text}`, { cause: error }));
+    });
     this.#all.push(done);
   }
 

@@ -3,204 +3,17 @@
 // 416 restart, relative and absolute Locations with a query, manifest PUT, manifest DELETE
 // with the tag ⇒ digest fallback, Bearer tokens with the push (and delete) scope.
 import assert from 'node:assert/strict';
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
+import { Readable } from 'node:stream';
 import { after, before, beforeEach, describe, it } from 'node:test';
-import { RegistryClient, RegistryError } from '../../../src/registry/client.ts';
+import { RegistryClient, RegistryError, type StreamedBlob } from '../../../src/registry/client.ts';
 import type { CredentialSource } from '../../../src/registry/credentials.ts';
 import { parseReference } from '../../../src/registry/reference.ts';
-
-const sha = (b: Buffer) => `sha256:${createHash('sha256').update(b).digest('hex')}`;
-
-interface Seen {
-  method: string;
-  url: string;
-  headers: http.IncomingHttpHeaders;
-  bodyLength: number;
-}
-
-/** The registry: blobs, manifests, upload sessions, and switches for what it does. */
-class Fake {
-  server!: http.Server;
-  port = 0;
-  readonly blobs = new Map<string, Buffer>();
-  readonly manifests = new Map<string, Buffer>();
-  readonly sessions = new Map<string, Buffer[]>();
-  readonly seen: Seen[] = [];
-  readonly tokenScopes: string[] = [];
-  /** Location style of upload answers. */
-  location: 'relative' | 'absolute' = 'relative';
-  /** Answer 416 to this many PATCH requests (each on a fresh session). */
-  patch416 = 0;
-  /** Report a wrong Range once. */
-  wrongRange = 0;
-  /** DELETE by tag answers this status (distribution: 400; others 405). */
-  tagDelete: 202 | 400 | 405 = 202;
-  bearer = false;
-  #sessionSeq = 0;
-
-  get host(): string {
-    return `127.0.0.1:${this.port}`;
-  }
-
-  async start(): Promise<this> {
-    this.server = http.createServer((req, res) => {
-      const chunks: Buffer[] = [];
-      req.on('data', (c: Buffer) => chunks.push(c));
-      req.on('end', () => this.#serve(req, res, Buffer.concat(chunks)));
-    });
-    await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
-    this.port = (this.server.address() as { port: number }).port;
-    return this;
-  }
-
-  stop(): Promise<void> {
-    this.server.closeAllConnections();
-    return new Promise((resolve) => this.server.close(() => resolve()));
-  }
-
-  reset(): void {
-    this.blobs.clear();
-    this.manifests.clear();
-    this.sessions.clear();
-    this.seen.length = 0;
-    this.tokenScopes.length = 0;
-    this.location = 'relative';
-    this.patch416 = 0;
-    this.wrongRange = 0;
-    this.tagDelete = 202;
-    this.bearer = false;
-    this.#sessionSeq = 0;
-  }
-
-  #loc(id: string): string {
-    const rel = `/v2/cocoon/x/blobs/uploads/${id}?_state=${encodeURIComponent(`st+${id}==`)}`;
-    return this.location === 'absolute' ? `http://${this.host}${rel}` : rel;
-  }
-
-  #error(res: http.ServerResponse, status: number, code: string): void {
-    res.writeHead(status, { 'content-type': 'application/json' });
-    res.end(JSON.stringify({ errors: [{ code, message: code.toLowerCase() }] }));
-  }
-
-  #serve(req: http.IncomingMessage, res: http.ServerResponse, body: Buffer): void {
-    const url = new URL(req.url ?? '/', `http://${this.host}`);
-    const method = req.method ?? '';
-    if (url.pathname === '/token') {
-      this.tokenScopes.push(url.searchParams.get('scope') ?? '');
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end(JSON.stringify({ token: `tok-${this.tokenScopes.length}`, expires_in: 300 }));
-      return;
-    }
-    this.seen.push({ method, url: req.url ?? '', headers: req.headers, bodyLength: body.length });
-    if (this.bearer && !req.headers.authorization?.startsWith('Bearer ')) {
-      res.writeHead(401, {
-        'www-authenticate': `Bearer realm="http://${this.host}/token",service="fake"`,
-      });
-      res.end();
-      return;
-    }
-    const blob = /^\/v2\/(.+)\/blobs\/(sha256:[a-f0-9]{64})$/.exec(url.pathname);
-    if (blob && method === 'HEAD') {
-      res.writeHead(this.blobs.has(blob[2]!) ? 200 : 404).end();
-      return;
-    }
-    if (method === 'POST' && url.pathname === '/v2/cocoon/x/blobs/uploads/') {
-      const id = `s${++this.#sessionSeq}`;
-      this.sessions.set(id, []);
-      res.writeHead(202, { location: this.#loc(id), 'docker-upload-uuid': id, range: '0-0' }).end();
-      return;
-    }
-    const upload = /^\/v2\/cocoon\/x\/blobs\/uploads\/([^/]+)$/.exec(url.pathname);
-    if (upload) {
-      const id = upload[1]!;
-      const parts = this.sessions.get(id);
-      if (!parts) {
-        this.#error(res, 404, 'BLOB_UPLOAD_UNKNOWN');
-        return;
-      }
-      if (url.searchParams.get('_state') !== `st+${id}==`) {
-        this.#error(res, 400, 'BLOB_UPLOAD_INVALID');
-        return;
-      }
-      const have = parts.reduce((s, p) => s + p.length, 0);
-      if (method === 'PATCH') {
-        if (this.patch416 > 0) {
-          this.patch416--;
-          this.sessions.delete(id);
-          res.writeHead(416, { range: `0-${have - 1}` }).end();
-          return;
-        }
-        const m = /^(\d+)-(\d+)$/.exec(String(req.headers['content-range'] ?? ''));
-        if (!m || Number(m[1]) !== have || Number(m[2]) - Number(m[1]) + 1 !== body.length) {
-          this.#error(res, 416, 'BLOB_UPLOAD_INVALID');
-          return;
-        }
-        parts.push(body);
-        const next = `s${++this.#sessionSeq}`; // distribution hands out a new state per chunk
-        this.sessions.set(next, parts);
-        this.sessions.delete(id);
-        let end = have + body.length - 1;
-        if (this.wrongRange > 0) {
-          this.wrongRange--;
-          end -= 1;
-        }
-        res.writeHead(202, { location: this.#loc(next), range: `0-${end}` }).end();
-        return;
-      }
-      if (method === 'PUT') {
-        const all = Buffer.concat([...parts, body]);
-        const want = url.searchParams.get('digest') ?? '';
-        if (sha(all) !== want) {
-          this.#error(res, 400, 'DIGEST_INVALID');
-          return;
-        }
-        this.blobs.set(want, all);
-        this.sessions.delete(id);
-        res.writeHead(201, { 'docker-content-digest': want, location: `/v2/cocoon/x/blobs/${want}` }).end();
-        return;
-      }
-    }
-    const manifest = /^\/v2\/cocoon\/x\/manifests\/([^/]+)$/.exec(url.pathname);
-    if (manifest) {
-      const ref = manifest[1]!;
-      const isDigest = ref.startsWith('sha256:');
-      if (method === 'PUT') {
-        this.manifests.set(ref, body);
-        this.manifests.set(sha(body), body);
-        res.writeHead(201, { 'docker-content-digest': sha(body) }).end();
-        return;
-      }
-      const stored = this.manifests.get(ref);
-      if (method === 'HEAD') {
-        if (!stored) {
-          res.writeHead(404).end();
-          return;
-        }
-        res.writeHead(200, { 'docker-content-digest': sha(stored), 'content-length': stored.length }).end();
-        return;
-      }
-      if (method === 'DELETE') {
-        if (!isDigest && this.tagDelete !== 202) {
-          this.#error(res, this.tagDelete, this.tagDelete === 400 ? 'DIGEST_INVALID' : 'UNSUPPORTED');
-          return;
-        }
-        if (!stored) {
-          this.#error(res, 404, 'MANIFEST_UNKNOWN');
-          return;
-        }
-        const digest = sha(stored);
-        for (const [k, v] of [...this.manifests]) if (sha(v) === digest) this.manifests.delete(k);
-        res.writeHead(202).end();
-        return;
-      }
-    }
-    this.#error(res, 404, 'NOT_FOUND');
-  }
-}
+import { Fake, sha } from './fake-registry.ts';
 
 describe('RegistryClient write verbs (fake registry)', () => {
   const fake = new Fake();
@@ -457,5 +270,80 @@ describe('RegistryClient write verbs (fake registry)', () => {
       other.closeAllConnections();
       await new Promise((resolve) => other.close(resolve));
     }
+  });
+
+  describe('uploadStreamedBlob: a blob uploaded as it is read, once', () => {
+    /** A source that hands out parts from a buffer; `digest` resolves when the test says. */
+    class Source implements StreamedBlob {
+      readonly label = 'disk.raw';
+      readonly size: number;
+      readonly taken: number[] = [];
+      readonly #data: Buffer;
+      #at = 0;
+      #finish!: (d: string) => void;
+      readonly #digest = new Promise<string>((resolve) => {
+        this.#finish = resolve;
+      });
+
+      constructor(data: Buffer) {
+        this.#data = data;
+        this.size = data.length;
+      }
+
+      take(length: number): Readable {
+        this.taken.push(length);
+        const part = this.#data.subarray(this.#at, this.#at + length);
+        this.#at += length;
+        if (this.#at === this.size) this.#finish(sha(this.#data));
+        return Readable.from([part]);
+      }
+
+      digest(): Promise<string> {
+        return this.#digest;
+      }
+    }
+
+    it('POST, PATCH chunks taken in order (the last one shorter), then PUT ?digest= once the digest is known', async () => {
+      const data = randomBytes(2500);
+      const src = new Source(data);
+      const bytes: number[] = [];
+      const digest = await client.uploadStreamedBlob('cocoon/x', src, {
+        chunkBytes: 1000,
+        onBytes: (n) => bytes.push(n),
+      });
+      assert.equal(digest, sha(data));
+      assert.deepEqual(fake.blobs.get(sha(data)), data);
+      assert.deepEqual(src.taken, [1000, 1000, 500]);
+      assert.deepEqual(bytes, [1000, 1000, 500]);
+      assert.deepEqual(
+        fake.seen.filter((x) => x.method === 'PATCH').map((x) => x.headers['content-range']),
+        ['0-999', '1000-1999', '2000-2499'],
+      );
+      assert.deepEqual(requests(), [
+        'POST /v2/cocoon/x/blobs/uploads/',
+        'PATCH /v2/cocoon/x/blobs/uploads/s1',
+        'PATCH /v2/cocoon/x/blobs/uploads/s2',
+        'PATCH /v2/cocoon/x/blobs/uploads/s3',
+        'PUT /v2/cocoon/x/blobs/uploads/s4',
+      ]);
+      assert.equal(fake.seen.at(-1)!.bodyLength, 0);
+    });
+
+    it('a 416 cannot start over (nothing is kept to send again): the upload fails', async () => {
+      fake.patch416 = 1;
+      const src = new Source(randomBytes(2500));
+      await assert.rejects(
+        client.uploadStreamedBlob('cocoon/x', src, { chunkBytes: 1000 }),
+        (e: unknown) => e instanceof RegistryError && e.status === 416 && /cannot start over/.test(e.message),
+      );
+      assert.deepEqual(src.taken, [1000]);
+    });
+
+    it('a Bearer challenge on a PATCH cannot re-send the part: the upload fails instead of sending short', async () => {
+      const src = new Source(randomBytes(2500));
+      fake.patch401 = 1;
+      const uploading = client.uploadStreamedBlob('cocoon/x', src, { chunkBytes: 1000 });
+      await assert.rejects(uploading, /cannot be sent twice/);
+    });
   });
 });

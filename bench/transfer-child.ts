@@ -1,0 +1,89 @@
+// One snapshot transfer in a process of its own, for bench/transfer.ts: its peak RSS (VmHWM)
+// is then the transfer's (plus Node.js and the modules it loads, reported separately as
+// `idleKiB`), not the bench's, which also writes the test disk and runs the registry helpers.
+//   node bench/transfer-child.ts '<json job>'
+// The job: {op: 'push' | 'pull', registry: '<host:port>/<prefix>', cocoonBin, repo, tag,
+// localName, baseImage?, spoolDir?, spillDir?, budgetMiB?, readAheadWindowBytes?}; the
+// simulator's environment comes through the process environment. Prints one JSON line on
+// stdout: {ms, bytes, uploadedBytes?, idleKiB, hwmKiB, cpuMs, childrenCpuMs}.
+import fs from 'node:fs';
+import { CocoonCli } from '../src/cocoon/runner.ts';
+import { createLogger, silentLogger } from '../src/log.ts';
+import { RegistryClient } from '../src/registry/client.ts';
+import { pullSnapshot } from '../src/registry/pull.ts';
+import { pushSnapshot } from '../src/registry/push.ts';
+import { clockTicks, parseStatTimes } from './lib/procfs.ts';
+
+interface Job {
+  op: 'push' | 'pull';
+  registry: string;
+  cocoonBin: string;
+  repo: string;
+  tag: string;
+  localName: string;
+  baseImage?: string;
+  spoolDir?: string;
+  spillDir?: string;
+  budgetMiB?: number;
+  readAheadWindowBytes?: number;
+}
+
+function mem(): { rssKiB: number; hwmKiB: number } {
+  const status = fs.readFileSync('/proc/self/status', 'latin1');
+  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+)\\s+kB`, 'm').exec(status)?.[1] ?? NaN);
+  return { rssKiB: kib('VmRSS'), hwmKiB: kib('VmHWM') };
+}
+
+const job = JSON.parse(process.argv[2] ?? '{}') as Job;
+// VK_BENCH_CHILD_LOG=info (or debug): the transfer's own log lines on stderr (progress every second).
+const logLevel = process.env.VK_BENCH_CHILD_LOG;
+const log = logLevel ? createLogger(logLevel) : silentLogger;
+const progressIntervalMs = logLevel ? 1000 : undefined;
+const lifetime = new AbortController();
+const registry = new RegistryClient({ base: job.registry, credentials: [] });
+const cli = new CocoonCli(job.cocoonBin, lifetime.signal, silentLogger);
+try {
+  const idleKiB = mem().rssKiB;
+  const t0 = performance.now();
+  let bytes = 0;
+  let uploadedBytes: number | undefined;
+  if (job.op === 'push') {
+    const r = await pushSnapshot({
+      registry,
+      cli,
+      localName: job.localName,
+      repo: job.repo,
+      tag: job.tag,
+      baseImage: job.baseImage ?? '',
+      spoolDir: job.spoolDir,
+      log,
+      progressIntervalMs,
+    });
+    bytes = r.bytes;
+    uploadedBytes = r.uploadedBytes;
+  } else {
+    await pullSnapshot({
+      registry,
+      cli,
+      repo: job.repo,
+      tag: job.tag,
+      localName: job.localName,
+      budgetMiB: job.budgetMiB,
+      spillDir: job.spillDir,
+      readAheadWindowBytes: job.readAheadWindowBytes,
+      log,
+      progressIntervalMs,
+    });
+  }
+  const ms = performance.now() - t0;
+  const cpu = process.cpuUsage();
+  const cpuMs = (cpu.user + cpu.system) / 1000;
+  // cutime + cstime: the `cocoon` client processes this one waited for.
+  const childrenCpuMs = parseStatTimes(fs.readFileSync('/proc/self/stat', 'latin1'), clockTicks()).childrenMs;
+  process.stdout.write(
+    `${JSON.stringify({ ms, bytes, uploadedBytes, idleKiB, hwmKiB: mem().hwmKiB, cpuMs, childrenCpuMs })}\n`,
+  );
+} finally {
+  registry.close();
+  lifetime.abort();
+}
