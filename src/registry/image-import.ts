@@ -19,6 +19,7 @@ import { Readable } from 'node:stream';
 import { imageImportArgv, imageInspectArgv } from '../cocoon/argv.ts';
 import type { CocoonCli } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
+import { untilAborted } from '../util/deadline.ts';
 import { Singleflight } from '../util/singleflight.ts';
 import {
   classifyArtifact,
@@ -29,8 +30,8 @@ import {
 } from './artifact.ts';
 import type { RegistryClient } from './client.ts';
 import { isDigest, parseReference, type Reference } from './reference.ts';
+import { describeCause, rate } from './transfer.ts';
 
-const MiB = 1024 * 1024;
 /** Own cap of one import (docs/contracts/pod-to-vm.md "Bring-up: run": 30 min). */
 export const IMAGE_IMPORT_CAP_MS = 30 * 60 * 1000;
 const SHORT_CALL_MS = 60_000;
@@ -225,10 +226,6 @@ export interface ImportCloudImageOptions {
   readonly progressIntervalMs?: number;
 }
 
-function rate(bytes: number, seconds: number): number {
-  return seconds > 0 ? Math.round((bytes / MiB / seconds) * 10) / 10 : 0;
-}
-
 /**
  * Streams the disk layers in order, concatenated, into `cocoon image import <localName>`. One
  * blob downloads at a time and flows through with backpressure from cocoon (nothing is
@@ -318,15 +315,6 @@ export async function importCloudImage(opts: ImportCloudImageOptions): Promise<v
     { totalBytes: bytes, seconds: Math.round(seconds * 10) / 10, mibPerSecond: rate(bytes, seconds) },
     'image import: done',
   );
-}
-
-function describeCause(cause: unknown, outer: AbortSignal | undefined): string {
-  const text = cause instanceof Error ? cause.message : String(cause);
-  if (outer?.aborted) {
-    const reason = outer.reason instanceof Error ? outer.reason.message : 'aborted';
-    return reason === text ? text : `${reason} (${text})`;
-  }
-  return text;
 }
 
 // --- De-duplicated imports -------------------------------------------------------------------
@@ -442,24 +430,4 @@ export class RunImageImporter {
       return false;
     }
   }
-}
-
-/** `p`, or the signal's reason once it aborts (the work behind `p` goes on). */
-function untilAborted<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
-  if (!signal) return p;
-  if (signal.aborted) return Promise.reject(signal.reason);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e);
-      },
-    );
-  });
 }

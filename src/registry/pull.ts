@@ -26,7 +26,7 @@ import { snapshotImportArgv, snapshotInspectArgv, snapshotRemoveArgv } from '../
 import { parseSnapshotRecord, type SnapshotRecord } from '../cocoon/records.ts';
 import { type CocoonCli, CocoonCommandError } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
-import { delay } from '../util/deadline.ts';
+import { delay, untilAborted } from '../util/deadline.ts';
 import { Singleflight } from '../util/singleflight.ts';
 import { localSnapshotName, splitCloneImage } from '../vmspec/snapshot-name.ts';
 import {
@@ -41,8 +41,8 @@ import {
 } from './artifact.ts';
 import type { RegistryClient } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
+import { describeCause, MiB, rate } from './transfer.ts';
 
-const MiB = 1024 * 1024;
 /** Default read-ahead budget (`SNAPSHOT_PULL_BUDGET_MIB`). */
 export const DEFAULT_PULL_BUDGET_MIB = 2048;
 /** Default parallel blob downloads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
@@ -243,20 +243,6 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
     'snapshot pull: done',
   );
   return record;
-}
-
-function rate(bytes: number, seconds: number): number {
-  return seconds > 0 ? Math.round((bytes / MiB / seconds) * 10) / 10 : 0;
-}
-
-function describeCause(cause: unknown, outer: AbortSignal | undefined): string {
-  const text = cause instanceof Error ? cause.message : String(cause);
-  if (outer?.aborted) {
-    // Everything failed because the caller aborted (cap, shutdown): say that first.
-    const reason = outer.reason instanceof Error ? outer.reason.message : 'aborted';
-    return `${reason} (${text})`;
-  }
-  return text;
 }
 
 // --- cocoon calls -------------------------------------------------------------------------
@@ -868,24 +854,4 @@ export class SnapshotPuller {
       throw error;
     }
   }
-}
-
-/** `p`, or the signal's reason once it aborts (the work behind `p` goes on). */
-function untilAborted<T>(p: Promise<T>, signal: AbortSignal | undefined): Promise<T> {
-  if (!signal) return p;
-  if (signal.aborted) return Promise.reject(signal.reason);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(signal.reason);
-    signal.addEventListener('abort', onAbort, { once: true });
-    p.then(
-      (v) => {
-        signal.removeEventListener('abort', onAbort);
-        resolve(v);
-      },
-      (e: unknown) => {
-        signal.removeEventListener('abort', onAbort);
-        reject(e);
-      },
-    );
-  });
 }

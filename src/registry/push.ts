@@ -56,8 +56,8 @@ import {
 } from './artifact-write.ts';
 import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError, type StreamedBlob } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
+import { describeCause, MiB, rate } from './transfer.ts';
 
-const MiB = 1024 * 1024;
 /** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
 export const DEFAULT_PUSH_CONCURRENCY = 8;
 /** Files larger than this are streamed to the registry as they are exported (`streamMinMiB`). */
@@ -808,17 +808,4 @@ class PushProgress {
       mibPerSecond: rate(done, seconds),
     };
   }
-}
-
-function rate(bytes: number, seconds: number): number {
-  return seconds > 0 ? Math.round((bytes / MiB / seconds) * 10) / 10 : 0;
-}
-
-function describeCause(cause: unknown, outer: AbortSignal | undefined): string {
-  const text = cause instanceof Error ? cause.message : String(cause);
-  if (outer?.aborted) {
-    const reason = outer.reason instanceof Error ? outer.reason.message : 'aborted';
-    return reason === text ? text : `${reason} (${text})`;
-  }
-  return text;
 }

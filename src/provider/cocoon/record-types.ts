@@ -177,5 +177,10 @@ export const RUNTIME_KEYS: readonly string[] = [
   POST_CLONE_ERRORS,
 ];
 
+/** The runtime keys all removed: a hibernated VM's or a wake's pod shows no id, ip or fixup. */
+export function clearedRuntime(): Record<string, null> {
+  return Object.fromEntries(RUNTIME_KEYS.map((k) => [k, null]));
+}
+
 /** Annotation keys the provider writes; never part of a pod's create inputs. */
 export const PROVIDER_OWNED_KEYS: readonly string[] = [...LIFECYCLE_KEYS, ...RUNTIME_KEYS];

@@ -10,18 +10,12 @@
 //     or failed with a `wake: ` message        ⇒ wake (unless a failed one waits for its retry)
 //
 // Runs in the pod's queue; it never starts a second operation while one is in flight.
-import {
-  POST_CLONE_ERRORS,
-  POST_CLONE_HINT,
-  POST_CLONE_STATE,
-  VM_ID,
-  VM_IP,
-} from '../../../contract/annotations.ts';
 import { inspectVm } from '../bringup.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { hold } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { backendOf } from '../readiness/facts.ts';
+import { clearedRuntime } from '../record-types.ts';
 import { type PodRecord, refreshVm, setCreateFailure, setOpRetry, setStep, setWaking } from '../state.ts';
 import { startBringUp } from './create.ts';
 import { evict } from './evict.ts';
@@ -131,15 +125,7 @@ async function lift(ctx: ProviderContext, rec: PodRecord): Promise<void> {
  * cleared in the same write, then a bring-up that restores the hibernated state. */
 export async function startWake(ctx: ProviderContext, rec: PodRecord): Promise<void> {
   if (!stageLifecycle(ctx, rec, 'creating')) return;
-  hold(ctx, rec, {
-    annotations: {
-      [VM_ID]: null,
-      [VM_IP]: null,
-      [POST_CLONE_STATE]: null,
-      [POST_CLONE_HINT]: null,
-      [POST_CLONE_ERRORS]: null,
-    },
-  });
+  hold(ctx, rec, { annotations: clearedRuntime() });
   setWaking(rec, true);
   setCreateFailure(rec, undefined);
   setStep(rec, 'Waking');

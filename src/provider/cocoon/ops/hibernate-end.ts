@@ -5,19 +5,13 @@
 import { execArgv, inspectArgv, netArgv, removeArgv } from '../../../cocoon/argv.ts';
 import { parseVmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
-import {
-  POST_CLONE_ERRORS,
-  POST_CLONE_HINT,
-  POST_CLONE_STATE,
-  VM_ID,
-  VM_IP,
-} from '../../../contract/annotations.ts';
+import { VM_ID, VM_IP } from '../../../contract/annotations.ts';
 import type { Logger } from '../../../log.ts';
 import { isCurrent, type ProviderContext } from '../context.ts';
 import { hold, writePod } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
-import type { HibernateOp, HibernatePhase } from '../record-types.ts';
+import { clearedRuntime, type HibernateOp, type HibernatePhase } from '../record-types.ts';
 import {
   applyAnnotations,
   type PodRecord,
@@ -89,13 +83,7 @@ export async function commit(
   setHibernateOp(rec, removing);
   op = removing;
   // The operator reads an empty id as "not live": the id goes before the VM does.
-  const cleared = {
-    [VM_ID]: null,
-    [VM_IP]: null,
-    [POST_CLONE_STATE]: null,
-    [POST_CLONE_HINT]: null,
-    [POST_CLONE_ERRORS]: null,
-  };
+  const cleared = clearedRuntime();
   applyAnnotations(rec, cleared);
   const outcome = await writePod(ctx, rec, cleared);
   if (outcome === 'superseded') return;
