@@ -22,6 +22,9 @@ export const ANNOTATION = {
   created: 'org.opencontainers.image.created',
   baseImage: 'cocoonstack.snapshot.baseimage',
   fromNode: 'cocoonstack.snapshot.from-node',
+  /** TS addition: the namespace of the pod whose VM was saved (outside the reserved prefix, so
+   * it travels as a caller annotation; readers that do not know it ignore it). */
+  namespace: 'vm.cocoonstack.io/namespace',
 } as const;
 
 /** Caller annotations may not use this prefix: it is the provider's own. */

@@ -310,6 +310,8 @@ export interface SnapshotIdentity {
   baseImage: string;
   /** `cocoonstack.snapshot.from-node` (`''` when absent). */
   fromNode: string;
+  /** `vm.cocoonstack.io/namespace` (`''` when absent: an older writer, the Go daemon). */
+  namespace: string;
 }
 
 /**
@@ -339,6 +341,7 @@ export async function readSnapshotIdentity(
     snapshotId: config.value.snapshotId,
     baseImage: a[ANNOTATION.baseImage] ?? '',
     fromNode: a[ANNOTATION.fromNode] ?? '',
+    namespace: a[ANNOTATION.namespace] ?? '',
   };
 }
 

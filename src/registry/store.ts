@@ -5,6 +5,7 @@
 import type { SnapshotRecord } from '../cocoon/records.ts';
 import type { CocoonCli } from '../cocoon/runner.ts';
 import type { Logger } from '../log.ts';
+import { ANNOTATION } from './artifact-write.ts';
 import type { RegistryClient } from './client.ts';
 import { PULL_CAP_MS, pullSnapshot } from './pull.ts';
 import { deleteSnapshotTag, pushSnapshot, readSnapshotIdentity, type SnapshotIdentity } from './push.ts';
@@ -37,6 +38,7 @@ export class RegistrySnapshotStore {
     tag: string;
     baseImage: string;
     fromNode?: string;
+    namespace?: string;
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
@@ -48,6 +50,7 @@ export class RegistrySnapshotStore {
       tag: args.tag,
       baseImage: args.baseImage,
       fromNode: args.fromNode,
+      annotations: args.namespace ? { [ANNOTATION.namespace]: args.namespace } : undefined,
       concurrency: this.#o.concurrency,
       spoolDir: this.#o.spoolDir,
       signal: this.#signal(args.signal),

@@ -7,6 +7,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
+import { readSnapshotIdentity } from '../../src/registry/push.ts';
 import { parseReference } from '../../src/registry/reference.ts';
 import { annotate, type FixtureKind, fixture, isReady, lifecycle } from './helpers.ts';
 
@@ -71,6 +72,9 @@ describe('round trip: clone → ready → hibernate → hibernated → wake → 
       assert.equal(vmId(hib), '');
       assert.equal(await head(vmName), 200);
       assert.equal(hib.status?.phase, 'Pending');
+      // The manifest says whose state it is (a pod of another namespace never restores it).
+      const id = await readSnapshotIdentity(registry, vmName, 'hibernate');
+      assert.equal(id === 'absent' ? '' : id.namespace, w.namespace);
       await annotate(w.core, w.namespace, name, { 'vm.cocoonstack.io/hibernate': null });
       const woken = await waitForPod(
         w.core,

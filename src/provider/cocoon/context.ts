@@ -49,6 +49,8 @@ export interface SnapshotIdentity {
   readonly baseImage: string;
   /** `cocoonstack.snapshot.from-node`; `''` when absent. */
   readonly fromNode: string;
+  /** The namespace of the pod that pushed it (`vm.cocoonstack.io/namespace`); `''` when absent. */
+  readonly namespace?: string;
 }
 
 /** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push flow",
@@ -61,6 +63,8 @@ export interface SnapshotStore {
     tag: string;
     baseImage: string;
     fromNode?: string;
+    /** Stamped on the manifest: only a pod of this namespace restores it. */
+    namespace?: string;
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }>;

@@ -34,6 +34,7 @@ export class FakeStore implements SnapshotStore {
     tag: string;
     baseImage: string;
     fromNode?: string;
+    namespace?: string;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
     this.#check(`push ${args.repo}:${args.tag}`);
     if (this.hold) await this.hold;
@@ -47,6 +48,7 @@ export class FakeStore implements SnapshotStore {
       snapshotId: `snap-${args.localName}`,
       baseImage: args.baseImage,
       fromNode: args.fromNode ?? '',
+      namespace: args.namespace ?? '',
     };
     this.tags.set(`${args.repo}:${args.tag}`, id);
     return { digest: id.digest, snapshotId: id.snapshotId, bytes: 1024 };

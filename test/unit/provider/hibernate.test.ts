@@ -172,6 +172,33 @@ describe('wake', () => {
   });
 });
 
+describe('another namespace', () => {
+  test('a hibernate push stamps the pod namespace; a pod of another namespace with that VM name never restores it', async () => {
+    h = withStore();
+    const { pod } = await hibernated(h, 'ns-0');
+    assert.equal(store!.tags.get('vk-ns-0:hibernate')?.namespace, 'ns');
+    // The owner goes away (deleted while hibernated); its state stays in the registry.
+    await h.provider.deletePod(apiCopy(h, pod));
+    const clones = h.cocoon.callsOf('vm clone').length;
+    // Evidence on create: refused.
+    await h.provider.createPod(clonePod('taker', { 'vm.cocoonstack.io/name': 'vk-ns-0' }, 'other'));
+    await until('refused', () => lastState(h!, 'taker') === 'failed');
+    assert.match(messageOf(h, 'taker'), /belongs to a pod of namespace ns, not other/);
+    // An explicit restore: refused too.
+    await h.provider.createPod(
+      clonePod(
+        'taker2',
+        { 'vm.cocoonstack.io/name': 'vk-ns-0', 'vm.cocoonstack.io/restore-from-hibernate': 'true' },
+        'other2',
+      ),
+    );
+    await until('refused', () => lastState(h!, 'taker2') === 'failed');
+    assert.match(messageOf(h, 'taker2'), /belongs to a pod of namespace ns, not other2/);
+    assert.equal(h.cocoon.callsOf('vm clone').length, clones, 'nothing restored');
+    assert.equal(store!.calls.filter((c) => c.startsWith('pull')).length, 0);
+  });
+});
+
 describe('evidence on create', () => {
   test('an image conflict fails the create and says what to delete', async () => {
     h = withStore();

@@ -206,7 +206,7 @@ async function bringUpFrom(
 ): Promise<BringUpResult & { source: string }> {
   switch (plan.kind) {
     case 'restore': {
-      const r = await restoreBringUp(ctx, spec, log);
+      const r = await restoreBringUp(ctx, spec, rec, log);
       return { vm: r.vm, clonedBoot: true, sourceImage: '', source: r.source };
     }
     case 'dir':

@@ -121,6 +121,7 @@ async function snapshotBeforeDelete(
       repo: spec.vmName,
       tag: 'latest',
       baseImage: spec.image,
+      namespace: ns,
       log,
     });
     ctx.metrics.snapshotPush(ns, 'ok', (performance.now() - pushed) / 1000);

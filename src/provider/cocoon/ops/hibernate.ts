@@ -138,6 +138,7 @@ async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: Hiberna
           tag: 'hibernate',
           baseImage: image,
           fromNode: ctx.config.nodeName,
+          namespace: ns,
           signal,
           log,
         });

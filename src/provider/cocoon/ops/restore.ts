@@ -53,15 +53,31 @@ export async function hibernateEvidence(
       ? { identity: undefined, where: `local snapshot ${spec.vmName}` }
       : undefined;
   }
+  let id: SnapshotIdentity | 'absent';
   try {
-    const id = await ctx.store.identity(spec.vmName, 'hibernate', AbortSignal.timeout(60_000));
-    return id === 'absent' ? undefined : { identity: id, where: `${spec.vmName}:hibernate` };
+    id = await ctx.store.identity(spec.vmName, 'hibernate', AbortSignal.timeout(60_000));
   } catch (err) {
     ctx.metrics.hibernateEvidence('unavailable');
     const message = `cannot tell whether VM ${spec.vmName} has hibernated state (${spec.vmName}:hibernate): ${errText(err)}; not booting it fresh`;
     ctx.events.event(rec.pod, 'Warning', 'HibernateEvidenceUnavailable', `create: ${message}`.slice(0, 512));
     throw new LifecycleError('HibernateEvidenceFailed', message, true);
   }
+  if (id === 'absent') return undefined;
+  if (otherNamespace(id, rec.pod.metadata?.namespace ?? '')) {
+    ctx.metrics.hibernateEvidence('source_conflict');
+    throw new LifecycleError('HibernateEvidenceFailed', foreignState(spec.vmName, id, rec), false);
+  }
+  return { identity: id, where: `${spec.vmName}:hibernate` };
+}
+
+/** The saved state was pushed for a pod of another namespace (TS addition: a pod never
+ * restores another tenant's VM; manifests without the stamp — older writers — pass). */
+function otherNamespace(id: SnapshotIdentity, namespace: string): boolean {
+  return (id.namespace ?? '') !== '' && id.namespace !== namespace;
+}
+
+function foreignState(vmName: string, id: SnapshotIdentity, rec: PodRecord): string {
+  return `VM ${vmName}'s hibernated state (${vmName}:hibernate) belongs to a pod of namespace ${id.namespace}, not ${rec.pod.metadata?.namespace ?? ''}: a pod never restores another namespace's VM; use another vm.cocoonstack.io/name`;
 }
 
 /** The local snapshot a wake or restore clones from (docs/contracts/pod-to-vm.md, "Wake source"): a local
@@ -70,6 +86,7 @@ export async function hibernateEvidence(
 export async function wakeSource(
   ctx: ProviderContext,
   spec: VMSpec,
+  rec: PodRecord,
   log: Logger,
 ): Promise<{
   name: string;
@@ -79,20 +96,28 @@ export async function wakeSource(
 }> {
   const vmName = spec.vmName;
   const local = await inspectSnapshot(ctx.cli, vmName, undefined);
-  if (local) {
-    ctx.localSnapshots.add(vmName);
-    if (!ctx.store) return { name: vmName, imported: false, image: local.image, snapshot: local };
-    let id: SnapshotIdentity | 'absent';
+  // With a registry its `:hibernate` is read first: what a local copy is verified against,
+  // and whose the state is.
+  let id: SnapshotIdentity | 'absent' = 'absent';
+  if (ctx.store) {
     try {
       id = await ctx.store.identity(vmName, 'hibernate', AbortSignal.timeout(60_000));
     } catch (err) {
-      ctx.metrics.snapshotVerify('error');
+      if (local) ctx.metrics.snapshotVerify('error');
       throw new LifecycleError(
         'WakePullFailed',
-        `cannot verify the local snapshot ${vmName} against ${vmName}:hibernate: ${errText(err)}; an unverified copy is never used`,
+        local
+          ? `cannot verify the local snapshot ${vmName} against ${vmName}:hibernate: ${errText(err)}; an unverified copy is never used`
+          : `cannot read ${vmName}:hibernate: ${errText(err)}`,
         true,
       );
     }
+    if (id !== 'absent' && otherNamespace(id, rec.pod.metadata?.namespace ?? ''))
+      throw new LifecycleError('WakePullFailed', foreignState(vmName, id, rec), false);
+  }
+  if (local) {
+    ctx.localSnapshots.add(vmName);
+    if (!ctx.store) return { name: vmName, imported: false, image: local.image, snapshot: local };
     if (id !== 'absent' && id.snapshotId === local.id) {
       ctx.metrics.snapshotVerify('ok');
       return { name: vmName, imported: false, image: local.image, snapshot: local };
@@ -134,9 +159,10 @@ export async function wakeSource(
 export async function restoreBringUp(
   ctx: ProviderContext,
   spec: VMSpec,
+  rec: PodRecord,
   log: Logger,
 ): Promise<{ vm: VmRecord; source: string; chWindows: boolean }> {
-  const src = await wakeSource(ctx, spec, log);
+  const src = await wakeSource(ctx, spec, rec, log);
   const snapshot = src.snapshot;
   if (!snapshot) throw new LifecycleError('WakePullFailed', `snapshot ${src.name} vanished`, true);
   const chWindows = spec.backend === 'cloud-hypervisor' && spec.os === 'windows';
