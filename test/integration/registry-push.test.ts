@@ -303,6 +303,7 @@ describe('push to docker-registry 2.8 (real), checked with crane', () => {
       snapshotId: saved.id,
       baseImage: IMAGE,
       fromNode: 'cocoon-node-2',
+      namespace: '', // pushSnapshot alone stamps none; the provider passes its pod's namespace
     });
     const latest = await readSnapshotIdentity(registry, 'vk-push-a', 'latest');
     assert.ok(latest !== 'absent');
