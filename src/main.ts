@@ -112,6 +112,11 @@ async function main(argv: string[]): Promise<number> {
   kube.onWrite = () => apiWrites.inc();
   const events = new EventRecorder(kube, config.nodeName, log);
   const registry = registryFromConfig(config, log);
+  // Clone-source pulls and wake pulls count in the same pull metrics.
+  const onPullDone = (result: 'ok' | 'failed', seconds: number) => {
+    metrics.snapshotPull.inc({ result });
+    metrics.snapshotPullDuration.observe(seconds);
+  };
   const puller = registry
     ? new SnapshotPuller({
         registry,
@@ -120,10 +125,7 @@ async function main(argv: string[]): Promise<number> {
         budgetMiB: config.snapshotPullBudgetMiB,
         concurrency: config.snapshotTransferConcurrency,
         lifetime: lifetime.signal,
-        onPullDone: (result, seconds) => {
-          metrics.snapshotPull.inc({ result });
-          metrics.snapshotPullDuration.observe(seconds);
-        },
+        onPullDone,
       })
     : undefined;
   const store = registry
@@ -133,10 +135,7 @@ async function main(argv: string[]): Promise<number> {
         lifetime: lifetime.signal,
         concurrency: config.snapshotTransferConcurrency,
         pullBudgetMiB: config.snapshotPullBudgetMiB,
-        onPullDone: (result, seconds) => {
-          metrics.snapshotPull.inc({ result });
-          metrics.snapshotPullDuration.observe(seconds);
-        },
+        onPullDone,
       })
     : undefined;
   const imageImporter = registry
