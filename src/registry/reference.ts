@@ -1,3 +1,5 @@
+import { isLoopbackHost } from '../util/loopback.ts';
+
 /**
  * Registry naming (docs/registry.md "Naming", docs/registry.md "Transport and errors"), pure: the `OCI_REGISTRY` base (host plus optional path
  * prefix), repository names under it, and tag/digest references.
@@ -22,7 +24,6 @@ export class InvalidReferenceError extends Error {
   override readonly name = 'InvalidReferenceError';
 }
 
-const LOOPBACK_HOSTS = new Set(['localhost', '127.0.0.1', '[::1]']);
 const HOST_RE = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:[0-9]{1,5})?$/;
 /** One path component of an OCI distribution repository name. */
 const COMPONENT = '[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*';
@@ -32,18 +33,9 @@ const DIGEST_RE = /^sha256:[a-f0-9]{64}$/;
 /** The longest repository name many registries accept (distribution's limit). */
 const MAX_NAME_LENGTH = 255;
 
-/** Host part without the port, lower-cased (`[::1]` keeps its brackets). */
-function hostname(host: string): string {
-  const h = host.toLowerCase();
-  if (h.startsWith('[')) return h.slice(0, h.indexOf(']') + 1);
-  const colon = h.lastIndexOf(':');
-  return colon < 0 ? h : h.slice(0, colon);
-}
-
-/** True for `localhost`, `127.0.0.1` and `[::1]`, with any port (docs/registry.md "Transport and errors"). */
-export function isLoopbackHost(host: string): boolean {
-  return LOOPBACK_HOSTS.has(hostname(host));
-}
+/** Loopback (`localhost`, 127.0.0.0/8, `[::1]`) with any port (docs/registry.md "Transport and
+ * errors"; the one definition is src/util/loopback.ts). */
+export { isLoopbackHost };
 
 /**
  * Parses `OCI_REGISTRY` (`host[:port][/path]`, optionally with an explicit `http://` or

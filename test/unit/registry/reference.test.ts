@@ -30,12 +30,13 @@ describe('parseRegistryBase (registry.md §1, §2)', () => {
     });
   });
 
-  it('plain HTTP for localhost, 127.0.0.1 and [::1], with any port', () => {
+  it('plain HTTP for loopback (localhost, 127.0.0.0/8, [::1]) with any port', () => {
     assert.equal(parseRegistryBase('127.0.0.1:5000/cocoon').scheme, 'http');
     assert.equal(parseRegistryBase('localhost/cocoon').scheme, 'http');
     assert.equal(parseRegistryBase('[::1]:5000').scheme, 'http');
     assert.equal(parseRegistryBase('[::1]:5000').host, '[::1]:5000');
-    assert.equal(parseRegistryBase('127.0.0.2:5000').scheme, 'https');
+    assert.equal(parseRegistryBase('127.0.0.2:5000').scheme, 'http');
+    assert.equal(parseRegistryBase('128.0.0.1:5000').scheme, 'https');
   });
 
   it('VK_REGISTRY_PLAIN_HTTP forces HTTP; an explicit scheme wins', () => {
