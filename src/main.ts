@@ -4,7 +4,9 @@
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Counter, Gauge } from 'prom-client';
+import { Ledger } from './authority/ledger.ts';
 import { runExplain, withExplainUsage } from './cli/explain/command.ts';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
@@ -151,7 +153,15 @@ async function main(argv: string[]): Promise<number> {
   const status = new PodStatusWriter({ kube, log });
   // Watched while anything waits for a lease (src/net/leases.ts); closed at shutdown.
   const leases = new LeaseFile(config.leasesPath, { log });
+  // The provenance ledger (docs/security.md): opened before anything is adopted; a file
+  // that does not decode stops the startup.
+  const ledger = await Ledger.open({
+    path: join(config.stateDir, 'ledger.json'),
+    node: config.nodeName,
+    log,
+  });
   const provider = new CocoonProvider({
+    ledger,
     status,
     puller,
     store,

@@ -42,6 +42,7 @@ const VmSchema = v.object({
   network_configs: v.nullish(v.array(NicSchema), []),
   storage_configs: v.nullish(v.array(v.object({ path: str, role: str })), []),
   vsock_socket: str,
+  created_at: str,
 });
 
 /** Static addressing of a NIC (present only when `network.ip` is non-empty). */
@@ -80,6 +81,9 @@ export interface VmRecord {
   readonly nics: readonly VmNic[];
   readonly storage: readonly VmStorage[];
   readonly vsockSocket: string;
+  /** RFC 3339 creation time (`''` when cocoon did not print one): the provenance ledger
+   * attributes a VM to a create intent only when it was made after the intent. */
+  readonly createdAt: string;
 }
 
 function toVmRecord(raw: v.InferOutput<typeof VmSchema>): VmRecord {
@@ -102,6 +106,7 @@ function toVmRecord(raw: v.InferOutput<typeof VmSchema>): VmRecord {
     })),
     storage: raw.storage_configs.map((s) => ({ path: s.path, role: s.role })),
     vsockSocket: raw.vsock_socket,
+    createdAt: raw.created_at,
   };
 }
 
@@ -170,6 +175,7 @@ const SnapshotSchema = v.object({
   image_type: str,
   image_blob_ids: v.nullish(v.record(v.string(), v.unknown()), {}),
   hypervisor: str,
+  created_at: str,
 });
 
 export interface SnapshotRecord {
@@ -183,6 +189,8 @@ export interface SnapshotRecord {
   readonly imageBlobIds: readonly string[];
   /** `''` when unknown. */
   readonly hypervisor: string;
+  /** RFC 3339 creation time, `''` when not printed. */
+  readonly createdAt: string;
 }
 
 function toSnapshotRecord(raw: v.InferOutput<typeof SnapshotSchema>): SnapshotRecord {
@@ -194,6 +202,7 @@ function toSnapshotRecord(raw: v.InferOutput<typeof SnapshotSchema>): SnapshotRe
     imageType: raw.image_type,
     imageBlobIds: Object.keys(raw.image_blob_ids).sort(),
     hypervisor: raw.hypervisor,
+    createdAt: raw.created_at,
   };
 }
 

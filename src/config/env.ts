@@ -30,6 +30,10 @@ export interface Config {
   cocoonRootDir: string;
   cgroupParent: string;
   orphanPolicy: OrphanPolicy;
+  /** VK_STATE_DIR: the provenance ledger lives here (docs/security.md). */
+  stateDir: string;
+  /** VK_ACCEPT_UNSTAMPED_STATE: unstamped hibernate/latest state is the VM name's own. */
+  acceptUnstampedState: boolean;
   restoreMode: RestoreMode;
   tlsCert: string;
   tlsKey: string;
@@ -129,7 +133,20 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_ORPHAN_POLICY',
     default: 'destroy',
-    meaning: 'VMs no pod claims at startup: destroy, alert or keep',
+    meaning:
+      'VMs no pod claims at startup: destroy, alert or keep (destroy removes only VMs the provenance ledger says vk-cocoon made)',
+  },
+  {
+    name: 'VK_STATE_DIR',
+    default: '/var/lib/vk-cocoon',
+    meaning:
+      "the daemon's own state: the provenance ledger (ledger.json, mode 0600) of the VMs and snapshots it made",
+  },
+  {
+    name: 'VK_ACCEPT_UNSTAMPED_STATE',
+    default: 'true',
+    meaning:
+      'wake or restore hibernated state that carries no owner stamp (pushed by Go hosts) for the pod whose VM name is its repository; false refuses it',
   },
   {
     name: 'VK_RESTORE_MODE',
@@ -391,6 +408,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     cocoonRootDir: str('COCOON_ROOT_DIR', '/var/lib/cocoon'),
     cgroupParent: str('COCOON_CGROUP_PARENT', 'cocoon.slice'),
     orphanPolicy: oneOf<OrphanPolicy>('VK_ORPHAN_POLICY', 'destroy', ['destroy', 'alert', 'keep']),
+    stateDir: str('VK_STATE_DIR', '/var/lib/vk-cocoon'),
+    acceptUnstampedState: bool('VK_ACCEPT_UNSTAMPED_STATE', true),
     restoreMode: oneOf<RestoreMode>('VK_RESTORE_MODE', 'ondemand', ['copy', 'ondemand', 'mmap']),
     tlsCert: str('VK_TLS_CERT', '/etc/cocoon/vk/tls/vk-kubelet.crt'),
     tlsKey: str('VK_TLS_KEY', '/etc/cocoon/vk/tls/vk-kubelet.key'),

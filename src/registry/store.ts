@@ -39,9 +39,17 @@ export class RegistrySnapshotStore {
     baseImage: string;
     fromNode?: string;
     namespace?: string;
+    controllerUid?: string;
+    pod?: string;
+    podUid?: string;
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
+    const stamps: Record<string, string> = {};
+    if (args.namespace) stamps[ANNOTATION.namespace] = args.namespace;
+    if (args.controllerUid) stamps[ANNOTATION.controllerUid] = args.controllerUid;
+    if (args.pod) stamps[ANNOTATION.pod] = args.pod;
+    if (args.podUid) stamps[ANNOTATION.podUid] = args.podUid;
     const r = await pushSnapshot({
       registry: this.#o.registry,
       cli: this.#o.cli,
@@ -50,7 +58,7 @@ export class RegistrySnapshotStore {
       tag: args.tag,
       baseImage: args.baseImage,
       fromNode: args.fromNode,
-      annotations: args.namespace ? { [ANNOTATION.namespace]: args.namespace } : undefined,
+      annotations: Object.keys(stamps).length > 0 ? stamps : undefined,
       concurrency: this.#o.concurrency,
       spoolDir: this.#o.spoolDir,
       signal: this.#signal(args.signal),

@@ -248,6 +248,16 @@ const RECOVERY: Readonly<Record<string, Entry>> = {
       steps: ['Set OCI_REGISTRY on the node if delete-time snapshots are wanted'],
     }),
   },
+  SnapshotPushRefused: {
+    decides: false,
+    advice: () => ({
+      meaning:
+        'the delete-time snapshot was not written: the local name or the registry tag belongs to another identity or is a base image vk-cocoon did not write (docs/security.md); the VM was removed without it',
+      steps: [
+        'Give the pod a vm.cocoonstack.io/name that no base image, other tenant or host VM uses, so its delete-time snapshot has a place of its own',
+      ],
+    }),
+  },
   PostCloneExecAttemptFailed: {
     decides: false,
     advice: () => ({

@@ -65,6 +65,7 @@ describe('VM records (cocoon-cli.md §3.1)', () => {
         { path: '/var/lib/cocoon/run/cloudhypervisor/J7QX4MZK2N5VBR3TLWD6YHPC2E/cow.raw', role: 'cow' },
       ],
       vsockSocket: '/var/lib/cocoon/run/cloudhypervisor/J7QX4MZK2N5VBR3TLWD6YHPC2E/vsock.uds',
+      createdAt: '2026-05-02T09:14:03.118842113Z',
     });
   });
 
@@ -180,6 +181,7 @@ describe('snapshot records (cocoon-cli.md §3.2)', () => {
       imageType: 'cloudimg',
       imageBlobIds: ['0b7c2f9d4e1a'],
       hypervisor: 'cloud-hypervisor',
+      createdAt: '2026-05-01T22:40:11.90412Z',
     });
   });
 

@@ -23,6 +23,8 @@ export interface FakeVm {
   pid: number;
   image: string;
   nics: { mac: string; network?: { ip: string; gateway: string; prefix: number } | null }[];
+  /** RFC 3339 (`created_at`); a VM made by hand before a test's pod is older than its intent. */
+  createdAt: string;
 }
 
 export interface FakeSnapshot {
@@ -82,6 +84,7 @@ export class FakeCocoon {
       pid: 1000 + n,
       image: '',
       nics: [{ mac: `02:00:00:00:00:${n.toString(16).padStart(2, '0')}` }],
+      createdAt: new Date().toISOString(),
       ...opts,
     };
     this.vms.set(vm.id, vm);
@@ -111,6 +114,7 @@ export class FakeCocoon {
       })),
       storage_configs: [],
       vsock_socket: '',
+      created_at: vm.createdAt,
     });
   }
 
