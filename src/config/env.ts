@@ -4,6 +4,7 @@
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
 import { isIPv4 } from 'node:net';
+import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
 import { parseQuantity } from '../vmspec/quantity.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
@@ -40,10 +41,14 @@ export interface Config {
   tlsClientCA: string | undefined;
   kubeletPort: number;
   kubeletAuth: KubeletAuthMode;
+  /** Open kubelet API connections at most (VK_KUBELET_MAX_CONNECTIONS); more are closed. */
+  kubeletMaxConnections: number;
   /** `host:port` or `:port`; empty disables the metrics listener. */
   metricsAddr: string;
-  /** Serve /debug/pprof/profile and /debug/pprof/heap on the metrics listener. */
+  /** Serve /debug/pprof/profile and /debug/pprof/heap on the metrics listener (loopback only). */
   debugEndpoints: boolean;
+  /** Label the per-VM families with `vm` and `pod` (false: summed per namespace and backend). */
+  metricsVmLabels: boolean;
   reservePercent: number;
   nodeCpu: string | undefined;
   nodeMem: string | undefined;
@@ -168,7 +173,13 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_KUBELET_AUTH',
     default: 'webhook',
-    meaning: 'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only)',
+    meaning:
+      'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only: needs a loopback VK_NODE_IP, the only address the API then listens on)',
+  },
+  {
+    name: 'VK_KUBELET_MAX_CONNECTIONS',
+    default: '256',
+    meaning: 'open kubelet API connections at most (exec streams included); more are closed at once',
   },
   {
     name: 'VK_METRICS_ADDR',
@@ -179,7 +190,13 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     name: 'VK_DEBUG_ENDPOINTS',
     default: 'false',
     meaning:
-      'true serves a CPU profile and a heap snapshot on the metrics listener (/debug/pprof/profile, /debug/pprof/heap)',
+      'true serves a CPU profile and a heap snapshot on the metrics listener (/debug/pprof/profile, /debug/pprof/heap); needs a loopback VK_METRICS_ADDR host',
+  },
+  {
+    name: 'VK_METRICS_VM_LABELS',
+    default: 'true',
+    meaning:
+      'label the per-VM cocoon_vk_vm_* families with vm and pod names; false sums them per namespace and backend',
   },
   {
     name: 'VK_RESERVE_PERCENT',
@@ -377,6 +394,24 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
       `VK_METRICS_ADDR=${JSON.stringify(metricsAddr)}: expected host:port or :port (empty disables)`,
     );
   }
+  // The profile and heap endpoints hand out the daemon's memory (tokens, pod specs) to
+  // whoever can reach them, and the metrics listener has no authentication: they are served
+  // on a loopback listener only. An empty host (`:9091`) is every interface.
+  const debugEndpoints = bool('VK_DEBUG_ENDPOINTS', false);
+  if (debugEndpoints && metricsAddr !== '' && !isLoopbackHost(metricsAddr)) {
+    problems.push(
+      `VK_DEBUG_ENDPOINTS=true needs VK_METRICS_ADDR on a loopback host (127.0.0.1:port, [::1]:port or localhost:port), not ${JSON.stringify(metricsAddr)}: the debug endpoints hand out the daemon's memory without authentication`,
+    );
+  }
+  // Without authentication the kubelet API runs anything in any VM for anyone who reaches
+  // it: `none` is allowed only when the node IP the apiserver dials is loopback, and then
+  // the API listens on that address alone (src/main.ts) instead of every interface.
+  const kubeletAuth = oneOf<KubeletAuthMode>('VK_KUBELET_AUTH', 'webhook', ['webhook', 'none']);
+  if (kubeletAuth === 'none' && (nodeIP === undefined || !isLoopbackAddress(nodeIP))) {
+    problems.push(
+      `VK_KUBELET_AUTH=none needs VK_NODE_IP to be a loopback address (e.g. 127.0.0.1), not ${nodeIP === undefined ? '(unset: the first non-loopback IPv4)' : JSON.stringify(nodeIP)}: an unauthenticated kubelet API lets anyone who reaches it exec into every VM`,
+    );
+  }
   const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
   // Client-side write budgets (docs/decisions.md "Client rate limits"): an unset burst is
   // twice the rate (kubelet's 50/100); a burst below its rate is refused.
@@ -415,9 +450,11 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     tlsKey: str('VK_TLS_KEY', '/etc/cocoon/vk/tls/vk-kubelet.key'),
     tlsClientCA: optional('VK_TLS_CLIENT_CA'),
     kubeletPort: int('VK_KUBELET_PORT', 10250, 1, 65535),
-    kubeletAuth: oneOf<KubeletAuthMode>('VK_KUBELET_AUTH', 'webhook', ['webhook', 'none']),
+    kubeletAuth,
+    kubeletMaxConnections: int('VK_KUBELET_MAX_CONNECTIONS', 256, 1, 65_535),
     metricsAddr,
-    debugEndpoints: bool('VK_DEBUG_ENDPOINTS', false),
+    debugEndpoints,
+    metricsVmLabels: bool('VK_METRICS_VM_LABELS', true),
     reservePercent: int('VK_RESERVE_PERCENT', 20, 0, 100),
     nodeCpu: quantity('VK_NODE_CPU'),
     nodeMem: quantity('VK_NODE_MEM'),
