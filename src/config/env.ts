@@ -4,6 +4,8 @@
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
 import { isIPv4 } from 'node:net';
+import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
+import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
 import { parseQuantity } from '../vmspec/quantity.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
@@ -64,6 +66,10 @@ export interface Config {
   snapshotZstdLevel: number;
   snapshotChunkSizeMiB: number;
   snapshotCpuClass: string | undefined;
+  /** VK_CLONE_FROM_DIR_ROOTS: where a pod's clone-from-dir may point; empty refuses it. */
+  cloneFromDirRoots: readonly string[];
+  /** VK_ALLOWED_NETWORKS and VK_NAMESPACE_NETWORKS: the networks a pod may name. */
+  networkPolicy: NetworkPolicy;
   /** Later-tier variables that were set: accepted and ignored, logged once at startup. */
   ignoredLaterTier: string[];
 }
@@ -239,6 +245,24 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
       'snapshot CPU class of this node: the cocoonstack.io/snapshot-cpu-class node label; a pod whose nodeSelector names another class is refused',
   },
   {
+    name: 'VK_CLONE_FROM_DIR_ROOTS',
+    default: '(unset)',
+    meaning:
+      'comma-separated directories; a pod may clone-from-dir only a path that resolves (symlinks followed) under ROOT/NAMESPACE/ of one of them; unset refuses clone-from-dir',
+  },
+  {
+    name: 'VK_ALLOWED_NETWORKS',
+    default: '(unset)',
+    meaning:
+      'comma-separated networks a pod may name in cocoonset.cocoonstack.io/network (namespaces not in VK_NAMESPACE_NETWORKS); unset: any',
+  },
+  {
+    name: 'VK_NAMESPACE_NETWORKS',
+    default: '(unset)',
+    meaning:
+      'networks per namespace, e.g. ns-a=net1|net2;ns-b=net3 (ns-c= allows only the default network); a listed namespace may name only its own list',
+  },
+  {
     name: 'VK_COCOON_MACOS_BIN',
     default: '/usr/local/bin/cocoon-macos',
     meaning: 'later tier: accepted and ignored',
@@ -360,6 +384,10 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
       `VK_METRICS_ADDR=${JSON.stringify(metricsAddr)}: expected host:port or :port (empty disables)`,
     );
   }
+  const cloneDirRoots = parseCloneDirRoots(get('VK_CLONE_FROM_DIR_ROOTS'));
+  problems.push(...cloneDirRoots.problems);
+  const networks = parseNetworkPolicy(get('VK_ALLOWED_NETWORKS'), get('VK_NAMESPACE_NETWORKS'));
+  problems.push(...networks.problems);
   const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
   // Client-side write budgets (docs/decisions.md "Client rate limits"): an unset burst is
   // twice the rate (kubelet's 50/100); a burst below its rate is refused.
@@ -420,6 +448,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     snapshotZstdLevel: int('SNAPSHOT_ZSTD_LEVEL', 0, 0, 22),
     snapshotChunkSizeMiB: int('SNAPSHOT_CHUNK_SIZE_MIB', 0, 0, 65_536),
     snapshotCpuClass,
+    cloneFromDirRoots: cloneDirRoots.roots,
+    networkPolicy: networks.policy,
     ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
   };
   if (problems.length > 0) {
