@@ -108,7 +108,8 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_REGISTRY_PLAIN_HTTP',
     default: 'false',
-    meaning: 'plain HTTP to the registry (tests only; loopback is always plain)',
+    meaning:
+      'plain HTTP to the registry (tests only; loopback is always plain); credentials are never sent over it to a non-loopback host',
   },
   {
     name: 'GOOGLE_APPLICATION_CREDENTIALS',
