@@ -5,6 +5,8 @@
 // deployment unit should fail loudly, not silently fall back to a default).
 import { isIPv4 } from 'node:net';
 import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
+import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
+import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
 import { parseQuantity } from '../vmspec/quantity.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
@@ -73,6 +75,10 @@ export interface Config {
   snapshotZstdLevel: number;
   snapshotChunkSizeMiB: number;
   snapshotCpuClass: string | undefined;
+  /** VK_CLONE_FROM_DIR_ROOTS: where a pod's clone-from-dir may point; empty refuses it. */
+  cloneFromDirRoots: readonly string[];
+  /** VK_ALLOWED_NETWORKS and VK_NAMESPACE_NETWORKS: the networks a pod may name. */
+  networkPolicy: NetworkPolicy;
   /** Later-tier variables that were set: accepted and ignored, logged once at startup. */
   ignoredLaterTier: string[];
 }
@@ -111,7 +117,8 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_REGISTRY_PLAIN_HTTP',
     default: 'false',
-    meaning: 'plain HTTP to the registry (tests only; loopback is always plain)',
+    meaning:
+      'plain HTTP to the registry (tests only; loopback is always plain); credentials are never sent over it to a non-loopback host',
   },
   {
     name: 'GOOGLE_APPLICATION_CREDENTIALS',
@@ -273,6 +280,24 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
       'snapshot CPU class of this node: the cocoonstack.io/snapshot-cpu-class node label; a pod whose nodeSelector names another class is refused',
   },
   {
+    name: 'VK_CLONE_FROM_DIR_ROOTS',
+    default: '(unset)',
+    meaning:
+      'comma-separated directories; a pod may clone-from-dir only a path that resolves (symlinks followed) under ROOT/NAMESPACE/ of one of them; unset refuses clone-from-dir',
+  },
+  {
+    name: 'VK_ALLOWED_NETWORKS',
+    default: '(unset)',
+    meaning:
+      'comma-separated networks a pod may name in cocoonset.cocoonstack.io/network (namespaces not in VK_NAMESPACE_NETWORKS); unset: any',
+  },
+  {
+    name: 'VK_NAMESPACE_NETWORKS',
+    default: '(unset)',
+    meaning:
+      'networks per namespace, e.g. ns-a=net1|net2;ns-b=net3 (ns-c= allows only the default network); a listed namespace may name only its own list',
+  },
+  {
     name: 'VK_COCOON_MACOS_BIN',
     default: '/usr/local/bin/cocoon-macos',
     meaning: 'later tier: accepted and ignored',
@@ -412,6 +437,10 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
       `VK_KUBELET_AUTH=none needs VK_NODE_IP to be a loopback address (e.g. 127.0.0.1), not ${nodeIP === undefined ? '(unset: the first non-loopback IPv4)' : JSON.stringify(nodeIP)}: an unauthenticated kubelet API lets anyone who reaches it exec into every VM`,
     );
   }
+  const cloneDirRoots = parseCloneDirRoots(get('VK_CLONE_FROM_DIR_ROOTS'));
+  problems.push(...cloneDirRoots.problems);
+  const networks = parseNetworkPolicy(get('VK_ALLOWED_NETWORKS'), get('VK_NAMESPACE_NETWORKS'));
+  problems.push(...networks.problems);
   const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
   // Client-side write budgets (docs/decisions.md "Client rate limits"): an unset burst is
   // twice the rate (kubelet's 50/100); a burst below its rate is refused.
@@ -476,6 +505,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     snapshotZstdLevel: int('SNAPSHOT_ZSTD_LEVEL', 0, 0, 22),
     snapshotChunkSizeMiB: int('SNAPSHOT_CHUNK_SIZE_MIB', 0, 0, 65_536),
     snapshotCpuClass,
+    cloneFromDirRoots: cloneDirRoots.roots,
+    networkPolicy: networks.policy,
     ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
   };
   if (problems.length > 0) {

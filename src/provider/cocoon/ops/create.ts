@@ -8,6 +8,7 @@ import { guestProfile } from '../../../guest/profiles.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
 import type { Logger } from '../../../log.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
+import { networkRefusal } from '../../../vmspec/network-policy.ts';
 import { CPU_CLASS_MISMATCH, checkSnapshotCpuClass } from '../../../vmspec/snapshot-cpu-class.ts';
 import { checkAdopt, checkClaim, confirmVm, intendVm } from '../authority.ts';
 import {
@@ -159,6 +160,10 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
     if (!isCurrent(ctx, rec) || rec.vm || !rec.spec?.managed) return;
     const spec = rec.spec;
     const log = logFor(ctx, rec);
+    // The network allow-list (vmspec/network-policy.ts), before any cocoon call: every boot
+    // (create, retry, wake) comes through here, and a refusal is the pod's to fix.
+    const refused = networkRefusal(ctx.config.networkPolicy, rec.pod.metadata?.namespace ?? '', spec.network);
+    if (refused !== undefined) return await createFailed(ctx, rec, 'NetworkRefused', refused, false);
     const started = performance.now();
     setStep(rec, 'BringingUp');
     let result: BringUpResult & { source: string };
@@ -226,7 +231,7 @@ async function bringUpFrom(
       return { vm: r.vm, clonedBoot: true, sourceImage: '', source: r.source };
     }
     case 'dir':
-      return { ...(await dirBringUp(ctx, spec)), source: spec.cloneFromDir };
+      return { ...(await dirBringUp(ctx, rec, spec)), source: spec.cloneFromDir };
     case 'fork':
       return { ...(await forkBringUp(ctx, rec, spec, log)), source: `fork-${spec.forkFrom}` };
     case 'run':

@@ -3,9 +3,11 @@
 // clone, with the fresh-boot guard of docs/contracts/pod-to-vm.md ("Evidence on create"): a VM name that still owns
 // hibernated state never boots fresh.
 
+import { realpath } from 'node:fs/promises';
 import { entryOwns } from '../../../authority/rules.ts';
 import type { Logger } from '../../../log.ts';
 import { inspectSnapshot } from '../../../registry/pull.ts';
+import { checkCloneDir } from '../../../vmspec/clone-dir-roots.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { mayDropSnapshot, ownerOfRec, podRef } from '../authority.ts';
 import { BringUpError, type BringUpResult, cloneFromSource } from '../bringup.ts';
@@ -146,10 +148,29 @@ export async function forkBringUp(
   return { vm: await cloneFromSource(ctx, spec, { snapshot }), clonedBoot: true, sourceImage: '' };
 }
 
-/** clone-from-dir: `vm clone --pull --from-dir <dir>`. */
-export async function dirBringUp(ctx: ProviderContext, spec: VMSpec): Promise<BringUpResult> {
+/** clone-from-dir of a pod: the annotation is a tenant's claim on a host path, so it is
+ * checked against VK_CLONE_FROM_DIR_ROOTS first (vmspec/clone-dir-roots.ts) and a refusal
+ * is permanent, with a message that never tells whether the path exists. The clone is then
+ * made from the resolved path. Clones from directories the daemon stages itself go straight
+ * to {@link cloneFromTrustedDir}: the root rule is about what tenants may name. */
+export async function dirBringUp(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<BringUpResult> {
+  const ns = rec.pod.metadata?.namespace ?? '';
+  const verdict = await checkCloneDir(ctx.config.cloneFromDirRoots, ns, spec.cloneFromDir, realpath);
+  if (!verdict.ok) {
+    ctx.metrics.cloneFromDir('failed');
+    throw new LifecycleError('CloneFromDirRefused', verdict.message, false);
+  }
+  return await cloneFromTrustedDir(ctx, spec, verdict.dir);
+}
+
+/** `vm clone --pull --from-dir <dir>` of a directory the daemon trusts (checked or staged). */
+export async function cloneFromTrustedDir(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  dir: string,
+): Promise<BringUpResult> {
   try {
-    const vm = await cloneFromSource(ctx, spec, { fromDir: spec.cloneFromDir });
+    const vm = await cloneFromSource(ctx, spec, { fromDir: dir });
     ctx.metrics.cloneFromDir('ok');
     return { vm, clonedBoot: true, sourceImage: '' };
   } catch (err) {
