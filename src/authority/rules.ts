@@ -55,7 +55,7 @@ const no = (rule: RuleName, message: string): Verdict => ({
 
 /** A VM made after its intent was written is the intent's; clocks of one host, so only the
  * write-to-clone latency matters. A VM without a creation time cannot be attributed. */
-const INTENT_SKEW_MS = 2_000;
+const INTENT_SKEW_MS = 0;
 
 /** Names the daemon makes for itself: never a pod's VM name, never a pod's clone source
  * unless the ledger gives it to the pod's namespace. */
