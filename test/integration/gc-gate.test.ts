@@ -106,7 +106,7 @@ describe('local snapshot GC', () => {
     const rm = await w.simulator.run(['snapshot', 'rm', 'vk-replaced']);
     assert.equal(rm.code, 0, rm.stderr);
     await fixture(w, 'vk-replaced', 'linux');
-    await fixture(w, 'vk-gone', 'linux'); // never pushed: no tag
+    await fixture(w, 'vk-gone', 'linux'); // made by hand: no ledger entry, never collected
     await fixture(w, 'fork-vk-gone', 'linux'); // not a vk-* name
     await fixture(w, 'other/snap', 'linux');
   });
@@ -117,10 +117,11 @@ describe('local snapshot GC', () => {
     const dead = `127.0.0.1:${await freePort()}`;
     const pass = await restartAndGc(w, dead);
     assert.deepEqual(pass.removed, []);
-    assert.deepEqual(pass.errors?.sort(), ['vk-gone', 'vk-kept', 'vk-replaced']);
+    // vk-gone was not written by vk-cocoon (no ledger entry): not even asked about.
+    assert.deepEqual(pass.errors?.sort(), ['vk-kept', 'vk-replaced']);
     assert.deepEqual(await localSnapshots(w), before, 'nothing removed');
     assert.ok(
-      logLines(w).some((l) => l.msg?.startsWith('snapshot GC: cannot read vk-gone:hibernate')),
+      logLines(w).some((l) => l.msg?.startsWith('snapshot GC: cannot read vk-kept:hibernate')),
       'each registry error is logged with the name',
     );
     // The tracked hibernated pod is still hibernated.
@@ -133,14 +134,15 @@ describe('local snapshot GC', () => {
     await fixture(w, 'vk-sleep-hibernate-import', 'linux');
     const before = await localSnapshots(w);
     const pass = await restartAndGc(w, base);
-    assert.deepEqual(pass.removed?.sort(), ['vk-gone', 'vk-replaced', 'vk-sleep-hibernate-import']);
+    assert.deepEqual(pass.removed?.sort(), ['vk-replaced', 'vk-sleep-hibernate-import']);
     assert.deepEqual(pass.current, ['vk-kept'], 'the tag names this very snapshot');
     assert.ok(pass.used?.includes('vk-sleep'), 'the tracked pod uses its copy');
     assert.deepEqual(pass.errors, []);
     const after = await localSnapshots(w);
-    for (const n of ['vk-sleep', 'vk-kept', 'fork-vk-gone', 'other/snap', SOURCE])
+    // vk-gone: a vk-* snapshot vk-cocoon did not write is never collected (docs/security.md).
+    for (const n of ['vk-sleep', 'vk-kept', 'vk-gone', 'fork-vk-gone', 'other/snap', SOURCE])
       assert.equal(after.get(n), before.get(n), `${n} kept`);
-    for (const n of ['vk-gone', 'vk-replaced', 'vk-sleep-hibernate-import'])
+    for (const n of ['vk-replaced', 'vk-sleep-hibernate-import'])
       assert.ok(!after.has(n), `${n} removed`);
     // The kept copy still serves its pod: waking `sleep` ends ready.
     await annotate(w.core, w.namespace, 'sleep', { 'vm.cocoonstack.io/hibernate': null });
