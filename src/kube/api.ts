@@ -13,8 +13,6 @@ import type {
   CoreV1ApiCreateNamespacedEventRequest,
   CoreV1ApiCreateNodeRequest,
   CoreV1ApiDeleteNamespacedPodRequest,
-  CoreV1ApiListNamespacedConfigMapRequest,
-  CoreV1ApiListNamespacedSecretRequest,
   CoreV1ApiListNodeRequest,
   CoreV1ApiListPodForAllNamespacesRequest,
   CoreV1ApiPatchNamespacedEventRequest,
@@ -28,14 +26,12 @@ import type {
   CoreV1ApiReadNodeRequest,
   CoreV1Event,
   V1ConfigMap,
-  V1ConfigMapList,
   V1Lease,
   V1Node,
   V1NodeList,
   V1Pod,
   V1PodList,
   V1Secret,
-  V1SecretList,
   V1SubjectAccessReview,
   V1TokenReview,
 } from '@kubernetes/client-node';
@@ -102,7 +98,8 @@ class Group {
   }
 }
 
-/** core/v1: pods, nodes, events, ConfigMaps, Secrets. */
+/** core/v1: pods, nodes, events, ConfigMaps and Secrets (read by name only: never listed or
+ * watched, so the daemon needs no namespace-wide read of them). */
 export class CoreV1Api extends Group {
   constructor(rest: RestClient) {
     super(rest, '/api/v1');
@@ -147,14 +144,8 @@ export class CoreV1Api extends Group {
   readNamespacedConfigMap(p: CoreV1ApiReadNamespacedConfigMapRequest, o?: CallOptions) {
     return this.call<V1ConfigMap>('GET', 'configmaps', p, o);
   }
-  listNamespacedConfigMap(p: CoreV1ApiListNamespacedConfigMapRequest, o?: CallOptions) {
-    return this.call<V1ConfigMapList>('GET', 'configmaps', p, o);
-  }
   readNamespacedSecret(p: CoreV1ApiReadNamespacedSecretRequest, o?: CallOptions) {
     return this.call<V1Secret>('GET', 'secrets', p, o);
-  }
-  listNamespacedSecret(p: CoreV1ApiListNamespacedSecretRequest, o?: CallOptions) {
-    return this.call<V1SecretList>('GET', 'secrets', p, o);
   }
 }
 
