@@ -5,6 +5,7 @@
 // same name, as in the API (fieldSelector, gracePeriodSeconds, dryRun, …). Answers are the
 // apiserver's JSON; the client-node model types describe them (`import type` only).
 import type {
+  AuthenticationV1ApiCreateSelfSubjectReviewRequest,
   AuthenticationV1ApiCreateTokenReviewRequest,
   AuthorizationV1ApiCreateSubjectAccessReviewRequest,
   CoordinationV1ApiCreateNamespacedLeaseRequest,
@@ -32,6 +33,7 @@ import type {
   V1Pod,
   V1PodList,
   V1Secret,
+  V1SelfSubjectReview,
   V1SubjectAccessReview,
   V1TokenReview,
 } from '@kubernetes/client-node';
@@ -165,13 +167,17 @@ export class CoordinationV1Api extends Group {
   }
 }
 
-/** authentication.k8s.io/v1: TokenReview (kubelet API bearer tokens). */
+/** authentication.k8s.io/v1: TokenReview (kubelet API bearer tokens), SelfSubjectReview (the
+ * daemon's own identity at startup). */
 export class AuthenticationV1Api extends Group {
   constructor(rest: RestClient) {
     super(rest, '/apis/authentication.k8s.io/v1');
   }
   createTokenReview(p: AuthenticationV1ApiCreateTokenReviewRequest, o?: CallOptions) {
     return this.call<V1TokenReview>('POST', 'tokenreviews', p, o);
+  }
+  createSelfSubjectReview(p: AuthenticationV1ApiCreateSelfSubjectReviewRequest, o?: CallOptions) {
+    return this.call<V1SelfSubjectReview>('POST', 'selfsubjectreviews', p, o);
   }
 }
 

@@ -124,6 +124,7 @@ test('every call the daemon makes: method, path, query, content type, token and 
   });
   await coordination.replaceNamespacedLease({ name: 'n1', namespace: 'kube-node-lease', body: {} });
   await authn.createTokenReview({ body: { spec: { token: 't' } } });
+  await authn.createSelfSubjectReview({ body: {} });
   await authz.createSubjectAccessReview({ body: { spec: {} } });
   const calls = api.seen.map(
     (s) => `${s.method} ${s.path}${Object.keys(s.query).length ? ` ${JSON.stringify(s.query)}` : ''}`,
@@ -146,6 +147,7 @@ test('every call the daemon makes: method, path, query, content type, token and 
     'POST /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases',
     'PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1',
     'POST /apis/authentication.k8s.io/v1/tokenreviews',
+    'POST /apis/authentication.k8s.io/v1/selfsubjectreviews',
     'POST /apis/authorization.k8s.io/v1/subjectaccessreviews',
   ]);
   const ct = api.seen.map((s) => s.headers['content-type'] ?? '-');
@@ -164,6 +166,7 @@ test('every call the daemon makes: method, path, query, content type, token and 
     '-',
     '-',
     '-',
+    'application/json',
     'application/json',
     'application/json',
     'application/json',
