@@ -11,7 +11,7 @@
 // for VK_BENCH_SETTLE_S (default 10) after that, so a late write still counts.
 import { readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { countWrites, DAEMON_USER, MAIN_KINDS, otherWrites, selectWrites } from './lib/audit.ts';
+import { countWrites, isDaemonUser, MAIN_KINDS, otherWrites, selectWrites } from './lib/audit.ts';
 import { bringUp, bringUpLine, POD_WRITE_KINDS, waitQuiet } from './lib/bringup.ts';
 import { countCalls, sumCounts } from './lib/calls.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
@@ -119,7 +119,7 @@ bench.run(async () => {
   const changed = [...before]
     .filter(([name, b]) => tracker.view(name).resourceVersion !== b.rv)
     .map(([n]) => n);
-  const writes = selectWrites(audit.writes, { user: DAEMON_USER, from: tKill, to: tEnd });
+  const writes = selectWrites(audit.writes, { user: isDaemonUser, from: tKill, to: tEnd });
   const wc = countWrites(writes);
   const podWrites = countWrites(writes.filter((w) => POD_WRITE_KINDS.includes(w.kind)));
   const calls = countCalls(env.sim.calls(), tKill, tEnd);

@@ -6,7 +6,7 @@
 //   npm run bench:steady         (or npm run bench -- steady)
 //   VK_BENCH_PODS=30 VK_BENCH_STEADY_S=20 node bench/steady.ts
 import { setTimeout as sleep } from 'node:timers/promises';
-import { countWrites, DAEMON_USER, MAIN_KINDS, otherWrites, selectWrites } from './lib/audit.ts';
+import { countWrites, isDaemonUser, MAIN_KINDS, otherWrites, selectWrites } from './lib/audit.ts';
 import { bringUp, bringUpLine, waitQuiet } from './lib/bringup.ts';
 import { countCalls, sumCounts } from './lib/calls.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
@@ -40,7 +40,7 @@ bench.run(async () => {
     await sleep(Math.min(10_000, Math.max(0, WINDOW_MS - (Date.now() - t0))));
     const now = Date.now();
     const cpu = cpuTimes(pid).selfMs;
-    const w = audit.count({ user: DAEMON_USER, from: t0, to: now });
+    const w = audit.count({ user: isDaemonUser, from: t0, to: now });
     bench.log(
       `${Math.round((now - t0) / 1000)} s: CPU ${(((cpu - lastCpu) / (now - lastAt)) * 100).toFixed(1)}% of a core, ` +
         `RSS ${Math.round(rss.lastKiB / 1024)} MiB, writes so far ${w.total}`,
@@ -56,7 +56,7 @@ bench.run(async () => {
   tracker.stop();
   await sleep(300);
   audit.poll();
-  const wc = countWrites(selectWrites(audit.writes, { user: DAEMON_USER, from: t0, to: t1 }));
+  const wc = countWrites(selectWrites(audit.writes, { user: isDaemonUser, from: t0, to: t1 }));
   const calls = countCalls(env.sim.calls(), t0, t1);
   const windowS = (t1 - t0) / 1000;
   const stillReady = [...tracker.pods.values()].filter(settledReady).length;

@@ -101,9 +101,9 @@ export async function ensureTestBinaries(log: (line: string) => void = () => {})
   return dir;
 }
 
-type Credential = { token: string } | { cert: string; key: string };
+export type Credential = { token: string } | { cert: string; key: string };
 
-function kubeconfigYaml(url: string, ca: string, user: string, cred: Credential): string {
+export function kubeconfigYaml(url: string, ca: string, user: string, cred: Credential): string {
   const userLines =
     'token' in cred
       ? [`    token: ${cred.token}`]
@@ -142,7 +142,11 @@ function apiserverArgs(s: ClusterState): string[] {
     '--service-cluster-ip-range=10.0.0.0/24',
     `--token-auth-file=${join(s.dir, 'tokens.csv')}`,
     `--client-ca-file=${s.certs.caCert}`,
-    '--authorization-mode=RBAC',
+    // As kubeadm configures it: the Node authorizer before RBAC, and NodeRestriction, so a
+    // daemon running as its node identity meets what it meets in a kubeadm cluster.
+    '--authorization-mode=Node,RBAC',
+    '--enable-admission-plugins=NodeRestriction',
+    // test-ground.md: the create-after-namespace race of the ServiceAccount plugin.
     '--disable-admission-plugins=ServiceAccount',
     '--allow-privileged=true',
     '--kubelet-preferred-address-types=InternalIP',
@@ -388,6 +392,8 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
       startScheduler(state, detached),
       (async () => {
         await kubectl(state, ['apply', '-f', join(repoRoot, 'deploy', 'rbac.yaml')]);
+        // The provider identity (user vk-cocoon) for daemons started with identity 'provider'.
+        await kubectl(state, ['apply', '-f', join(repoRoot, 'deploy', 'rbac-provider-identity.yaml')]);
         await kubectl(state, [
           'create',
           'clusterrolebinding',

@@ -3,9 +3,10 @@
 // apiserver, simulator root and lease file.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { openSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import type { ClusterState } from './cluster.ts';
 import { repoRoot } from './cluster.ts';
+import { nodeKubeconfig } from './node-identity.ts';
 import { freePort, httpsGet, isAlive, recordPid, registryEnv, stopPid, waitFor } from './proc.ts';
 
 export interface DaemonOptions {
@@ -19,6 +20,13 @@ export interface DaemonOptions {
   logFile: string;
   env?: Record<string, string>;
   kubeletPort?: number;
+  /**
+   * Whose credentials the daemon runs with: `node` (default), the node identity
+   * `system:node:<nodeName>` as on a kubeadm cluster (ground/node-identity.ts, a certificate
+   * made once per node name next to the log file); `provider`, the ground's user `vk-cocoon`
+   * with deploy/rbac-provider-identity.yaml (for apiservers without the Node authorizer).
+   */
+  identity?: 'node' | 'provider';
 }
 
 export interface Daemon {
@@ -35,6 +43,10 @@ export interface Daemon {
 export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   const kubeletPort = o.kubeletPort ?? (await freePort());
   const metricsPort = await freePort();
+  const kubeconfig =
+    o.identity === 'provider'
+      ? o.cluster.providerKubeconfig
+      : await nodeKubeconfig(o.cluster, o.nodeName, dirname(o.logFile));
   const fd = openSync(o.logFile, 'a');
   // Started the way a host starts it (bin/vk-cocoon execs node, so the PID is the daemon's).
   const child = spawn(join(repoRoot, 'bin', 'vk-cocoon'), ['run'], {
@@ -42,7 +54,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
     env: {
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/root',
-      KUBECONFIG: o.cluster.providerKubeconfig,
+      KUBECONFIG: kubeconfig,
       VK_NODE_NAME: o.nodeName,
       VK_NODE_IP: '127.0.0.1',
       VK_KUBELET_PORT: String(kubeletPort),

@@ -38,6 +38,8 @@ export interface WorldOptions {
   /** A control plane of this file's own, also inside `npm test`: for files that stop or
    * restart the apiserver (see useGround). */
   privateGround?: boolean;
+  /** The daemon's credentials (DaemonOptions.identity): its node identity unless `provider`. */
+  identity?: 'node' | 'provider';
 }
 
 /**
@@ -104,6 +106,7 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
             leasesPath,
             logFile,
             env: { ...simulator.env(), ...opts.env, ...env },
+            identity: opts.identity,
           });
           return w.daemon;
         },

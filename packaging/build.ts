@@ -8,7 +8,7 @@
 //                                  relative `.ts` specifiers rewritten to `.js`; line and column of
 //                                  every statement unchanged, so stack traces name source positions
 //     lib/node_modules/            the packages the daemon imports at run time and their dependencies
-//     systemd/vk-cocoon.service, vk-cocoon.env.example (generated), examples/, deploy/rbac.yaml, docs/
+//     systemd/vk-cocoon.service, vk-cocoon.env.example (generated), examples/, deploy/rbac*.yaml, docs/
 // docs/decisions.md "Release artifact" says why a tarball and why stripped at build time.
 //
 // The artifact is cached: `<artifact>.key` holds a hash of every input (sources, lock file,
@@ -53,6 +53,7 @@ function inputs(): string[] {
     'package.json',
     'package-lock.json',
     'deploy/rbac.yaml',
+    'deploy/rbac-provider-identity.yaml',
     'scripts/release.sh',
   ];
   return [...new Set(files)].filter((f) => statSync(join(repo, f)).isFile()).sort();
@@ -81,6 +82,7 @@ function commitOf(): { commit: string; dirty: boolean; time: number } {
     'package.json',
     'package-lock.json',
     'deploy/rbac.yaml',
+    'deploy/rbac-provider-identity.yaml',
     'scripts/release.sh',
   ]);
   return {
@@ -335,7 +337,8 @@ export function build(o: BuildOptions): string {
     writeFileSync(join(top, 'vk-cocoon.env.example'), envExample());
     cpSync(join(repo, 'packaging', 'examples'), join(top, 'examples'), { recursive: true });
     mkdirSync(join(top, 'deploy'));
-    copyFileSync(join(repo, 'deploy', 'rbac.yaml'), join(top, 'deploy', 'rbac.yaml'));
+    for (const f of ['rbac.yaml', 'rbac-provider-identity.yaml'])
+      copyFileSync(join(repo, 'deploy', f), join(top, 'deploy', f));
     cpSync(join(repo, 'docs'), join(top, 'docs'), { recursive: true });
 
     // Smoke test: the unpacked tree starts on its own runtime (no node on PATH, no checkout)

@@ -20,9 +20,10 @@ const HEADER = `# /etc/vk-cocoon/vk-cocoon.env: the environment of vk-cocoon.ser
 # Syntax (systemd.exec(5), EnvironmentFile=): NAME=value, one per line, no \`export\`; quote a
 # value that has spaces.
 #
-# A host sets at least KUBECONFIG (the identity of deploy/rbac.yaml), VK_NODE_NAME and
-# VK_NODE_IP; OCI_REGISTRY for clone sources and hibernation; VK_TLS_CERT/VK_TLS_KEY for a
-# serving certificate the cluster trusts (docs/operations.md).
+# A host sets at least KUBECONFIG (the node identity system:node:<VK_NODE_NAME>, see
+# deploy/rbac.yaml), VK_NODE_NAME and VK_NODE_IP; OCI_REGISTRY for clone sources and
+# hibernation; VK_TLS_CERT/VK_TLS_KEY for a serving certificate the cluster trusts
+# (docs/operations.md).
 #
 # Not daemon configuration: NODE_COMPILE_CACHE (the launcher's V8 code cache; by default the
 # unit's CacheDirectory, /var/cache/vk-cocoon) and NODE_OPTIONS (extra Node.js flags).

@@ -12,6 +12,7 @@ import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
 import { Kube, KubeConfigError, loadKubeConfig } from './kube/client.ts';
 import { EventRecorder } from './kube/events.ts';
+import { identityMismatch, nodeNameOf, whoAmI } from './kube/identity.ts';
 import { KubeletAuthorizer } from './kubelet/auth.ts';
 import { kubeletMetrics } from './kubelet/metrics.ts';
 import { KubeletServer } from './kubelet/server.ts';
@@ -92,6 +93,23 @@ async function main(argv: string[]): Promise<number> {
     heartbeatQps: config.kubeHeartbeatQps,
     heartbeatBurst: config.kubeHeartbeatBurst,
   });
+  // Who we are decides what we may write (src/kube/identity.ts): a node identity leaves the
+  // node-role labels and the taint to an administrator, and must be this node's.
+  const identity = await whoAmI(kube, AbortSignal.timeout(10_000));
+  if ('error' in identity)
+    log.warn({ err: identity.error }, 'SelfSubjectReview failed; assuming an identity that is not a node');
+  else {
+    const mismatch = identityMismatch(identity, config.nodeName);
+    if (mismatch) {
+      log.fatal({ user: identity.username }, mismatch);
+      return 1;
+    }
+    log.info(
+      { user: identity.username, groups: identity.groups, nodeIdentity: nodeNameOf(identity) !== undefined },
+      'API identity',
+    );
+  }
+  const nodeIdentity = !('error' in identity) && nodeNameOf(identity) !== undefined;
   const host = probeHost(config.cocoonRootDir);
   const nodeIP = config.nodeIP ?? host.firstIPv4 ?? '127.0.0.1';
 
@@ -211,7 +229,7 @@ async function main(argv: string[]): Promise<number> {
     kube,
     health: provider,
     log,
-    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket },
+    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket, nodeIdentity },
   });
   await agent.register();
   agent.start();

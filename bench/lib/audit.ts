@@ -5,8 +5,15 @@
 // without the counter all show up here.
 import { closeSync, openSync, readSync, statSync } from 'node:fs';
 
-/** The identity of the daemon on the ground (ground/cluster.ts tokens.csv, its kubeconfig). */
+/** The provider identity of the ground (ground/cluster.ts tokens.csv), which a daemon started
+ * with `identity: 'provider'` uses. */
 export const DAEMON_USER = 'vk-cocoon';
+
+/** A daemon's writes: the ground's daemons run as their node identity `system:node:<name>`
+ * (ground/node-identity.ts) unless started with the provider identity. */
+export function isDaemonUser(user: string): boolean {
+  return user === DAEMON_USER || user.startsWith('system:node:');
+}
 
 /** One write request as the audit log records it. */
 export interface AuditWrite {
@@ -71,7 +78,8 @@ export function parseAuditLog(text: string): AuditWrite[] {
 }
 
 export interface WriteFilter {
-  user?: string;
+  /** The username, or a predicate on it (isDaemonUser). */
+  user?: string | ((user: string) => boolean);
   /** Inclusive epoch-ms window on requestReceivedTimestamp. */
   from?: number;
   to?: number;
@@ -82,7 +90,7 @@ export interface WriteFilter {
 export function selectWrites(writes: readonly AuditWrite[], f: WriteFilter): AuditWrite[] {
   return writes.filter(
     (w) =>
-      (f.user === undefined || w.user === f.user) &&
+      (f.user === undefined || (typeof f.user === 'string' ? w.user === f.user : f.user(w.user))) &&
       (f.from === undefined || w.at >= f.from) &&
       (f.to === undefined || w.at <= f.to) &&
       (f.namespace === undefined || w.namespace === f.namespace),

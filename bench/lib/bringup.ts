@@ -8,7 +8,7 @@ import {
   type AuditTail,
   type AuditWrite,
   countWrites,
-  DAEMON_USER,
+  isDaemonUser,
   selectWrites,
   type WriteCount,
 } from './audit.ts';
@@ -61,7 +61,7 @@ export async function waitQuiet(
   const quietMs = opts.quietMs ?? 2000;
   const until = Date.now() + (opts.capMs ?? 30_000);
   for (;;) {
-    const last = audit.lastAt({ user: DAEMON_USER, from: since }, POD_WRITE_KINDS) ?? since;
+    const last = audit.lastAt({ user: isDaemonUser, from: since }, POD_WRITE_KINDS) ?? since;
     if (Date.now() - last >= quietMs || Date.now() >= until) return last;
     await sleep(250);
   }
@@ -205,7 +205,7 @@ export async function bringUp(
   // margin covers a line still being appended.
   await sleep(300);
   audit.poll();
-  const writes: AuditWrite[] = selectWrites(audit.writes, { user: DAEMON_USER, from: t0, to: t1 });
+  const writes: AuditWrite[] = selectWrites(audit.writes, { user: isDaemonUser, from: t0, to: t1 });
   const calls = countCalls(env.sim.calls(), t0, t1);
 
   const vms = await env.sim.json<{ id: string; network_configs: { mac: string }[] }[]>([

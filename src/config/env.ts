@@ -94,7 +94,8 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'KUBECONFIG',
     default: '(in-cluster)',
-    meaning: 'kubeconfig file of the provider identity; else ~/.kube/config, else in-cluster',
+    meaning:
+      'kubeconfig of the daemon identity, its node: system:node:<VK_NODE_NAME>; else ~/.kube/config, else in-cluster',
   },
   {
     name: 'VK_NODE_NAME',

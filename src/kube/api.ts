@@ -5,6 +5,7 @@
 // same name, as in the API (fieldSelector, gracePeriodSeconds, dryRun, …). Answers are the
 // apiserver's JSON; the client-node model types describe them (`import type` only).
 import type {
+  AuthenticationV1ApiCreateSelfSubjectReviewRequest,
   AuthenticationV1ApiCreateTokenReviewRequest,
   AuthorizationV1ApiCreateSubjectAccessReviewRequest,
   CoordinationV1ApiCreateNamespacedLeaseRequest,
@@ -13,8 +14,6 @@ import type {
   CoreV1ApiCreateNamespacedEventRequest,
   CoreV1ApiCreateNodeRequest,
   CoreV1ApiDeleteNamespacedPodRequest,
-  CoreV1ApiListNamespacedConfigMapRequest,
-  CoreV1ApiListNamespacedSecretRequest,
   CoreV1ApiListNodeRequest,
   CoreV1ApiListPodForAllNamespacesRequest,
   CoreV1ApiPatchNamespacedEventRequest,
@@ -28,14 +27,13 @@ import type {
   CoreV1ApiReadNodeRequest,
   CoreV1Event,
   V1ConfigMap,
-  V1ConfigMapList,
   V1Lease,
   V1Node,
   V1NodeList,
   V1Pod,
   V1PodList,
   V1Secret,
-  V1SecretList,
+  V1SelfSubjectReview,
   V1SubjectAccessReview,
   V1TokenReview,
 } from '@kubernetes/client-node';
@@ -102,7 +100,8 @@ class Group {
   }
 }
 
-/** core/v1: pods, nodes, events, ConfigMaps, Secrets. */
+/** core/v1: pods, nodes, events, ConfigMaps and Secrets (read by name only: never listed or
+ * watched, so the daemon needs no namespace-wide read of them). */
 export class CoreV1Api extends Group {
   constructor(rest: RestClient) {
     super(rest, '/api/v1');
@@ -147,14 +146,8 @@ export class CoreV1Api extends Group {
   readNamespacedConfigMap(p: CoreV1ApiReadNamespacedConfigMapRequest, o?: CallOptions) {
     return this.call<V1ConfigMap>('GET', 'configmaps', p, o);
   }
-  listNamespacedConfigMap(p: CoreV1ApiListNamespacedConfigMapRequest, o?: CallOptions) {
-    return this.call<V1ConfigMapList>('GET', 'configmaps', p, o);
-  }
   readNamespacedSecret(p: CoreV1ApiReadNamespacedSecretRequest, o?: CallOptions) {
     return this.call<V1Secret>('GET', 'secrets', p, o);
-  }
-  listNamespacedSecret(p: CoreV1ApiListNamespacedSecretRequest, o?: CallOptions) {
-    return this.call<V1SecretList>('GET', 'secrets', p, o);
   }
 }
 
@@ -174,13 +167,17 @@ export class CoordinationV1Api extends Group {
   }
 }
 
-/** authentication.k8s.io/v1: TokenReview (kubelet API bearer tokens). */
+/** authentication.k8s.io/v1: TokenReview (kubelet API bearer tokens), SelfSubjectReview (the
+ * daemon's own identity at startup). */
 export class AuthenticationV1Api extends Group {
   constructor(rest: RestClient) {
     super(rest, '/apis/authentication.k8s.io/v1');
   }
   createTokenReview(p: AuthenticationV1ApiCreateTokenReviewRequest, o?: CallOptions) {
     return this.call<V1TokenReview>('POST', 'tokenreviews', p, o);
+  }
+  createSelfSubjectReview(p: AuthenticationV1ApiCreateSelfSubjectReviewRequest, o?: CallOptions) {
+    return this.call<V1SelfSubjectReview>('POST', 'selfsubjectreviews', p, o);
   }
 }
 

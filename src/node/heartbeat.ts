@@ -13,6 +13,7 @@ import { delay } from '../util/deadline.ts';
 import {
   desiredNode,
   desiredNodeStatus,
+  labelsLeftToAdmin,
   type NodeFacts,
   nodeLabels,
   PROVIDER_TAINT_KEY,
@@ -84,6 +85,12 @@ export class NodeAgent {
       await this.#assertMetadata(live);
       this.#log.info({ uid: this.#uid }, 'node exists; labels and taint re-asserted');
     }
+    const leftToAdmin = labelsLeftToAdmin(this.#o.facts);
+    if (leftToAdmin.length > 0)
+      this.#log.info(
+        { labels: leftToAdmin },
+        'running as the node identity: NodeRestriction forbids a node these labels on itself; an administrator applies them',
+      );
     await this.#patchStatus();
   }
 
@@ -92,7 +99,16 @@ export class NodeAgent {
     const labels = nodeLabels(this.#o.facts);
     const patch: Record<string, unknown> = { metadata: { labels } };
     const spec: Record<string, unknown> = {};
-    if (!(live.spec?.taints ?? []).some((t) => t.key === PROVIDER_TAINT_KEY)) {
+    const untainted = !(live.spec?.taints ?? []).some((t) => t.key === PROVIDER_TAINT_KEY);
+    // NodeRestriction refuses any taint change a node makes to itself, which is also the point:
+    // a node that could lift or add its own taints could steer workloads. The node is created
+    // with the taint; if someone removed it since, that decision stands.
+    if (untainted && this.#o.facts.nodeIdentity)
+      this.#log.warn(
+        { taint: PROVIDER_TAINT_KEY },
+        'the node has no provider taint and a node identity may not add it; not re-added',
+      );
+    else if (untainted) {
       spec.taints = [
         ...(live.spec?.taints ?? []),
         { key: PROVIDER_TAINT_KEY, value: 'cocoon', effect: 'NoSchedule' },

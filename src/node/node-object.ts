@@ -28,6 +28,42 @@ export interface NodeFacts {
   version: string;
   /** WebSocket exec passes the exec suite: declare ExtendWebSocketsToKubelet (docs/contracts/virtual-node.md "Node object"). */
   declareWebSockets: boolean;
+  /** The daemon runs as the node identity `system:node:<name>` (src/kube/identity.ts): the
+   * labels NodeRestriction refuses are left out and the taint is never re-added. */
+  nodeIdentity?: boolean;
+}
+
+// What a kubelet may label its own Node with (k8s.io/kubelet pkg/apis/well_known_labels.go).
+const KUBELET_LABELS = new Set([
+  'kubernetes.io/hostname',
+  'topology.kubernetes.io/zone',
+  'topology.kubernetes.io/region',
+  'failure-domain.beta.kubernetes.io/zone',
+  'failure-domain.beta.kubernetes.io/region',
+  'beta.kubernetes.io/instance-type',
+  'node.kubernetes.io/instance-type',
+  'kubernetes.io/os',
+  'kubernetes.io/arch',
+  'beta.kubernetes.io/os',
+  'beta.kubernetes.io/arch',
+]);
+const KUBELET_LABEL_NAMESPACES = ['kubelet.kubernetes.io', 'node.kubernetes.io'];
+
+const inNamespace = (ns: string, domain: string) => ns === domain || ns.endsWith(`.${domain}`);
+
+/** True for a label key the NodeRestriction admission plugin refuses when a node sets it on
+ * itself (plugin/pkg/admission/noderestriction getForbiddenLabels): the
+ * node-restriction.kubernetes.io namespace, and every kubernetes.io / k8s.io key that is not a
+ * kubelet label. `node-role.kubernetes.io/*` and `kubernetes.io/role` are among them: a node
+ * must not steer workloads to itself by claiming a role. */
+export function nodeRestrictedLabel(key: string): boolean {
+  const slash = key.indexOf('/');
+  if (slash < 0) return false;
+  const ns = key.slice(0, slash);
+  if (inNamespace(ns, 'node-restriction.kubernetes.io')) return true;
+  const kubernetes = inNamespace(ns, 'kubernetes.io') || inNamespace(ns, 'k8s.io');
+  if (!kubernetes) return false;
+  return !KUBELET_LABELS.has(key) && !KUBELET_LABEL_NAMESPACES.some((d) => inNamespace(ns, d));
 }
 
 export function nodeLabels(f: NodeFacts): Record<string, string> {
@@ -41,7 +77,16 @@ export function nodeLabels(f: NodeFacts): Record<string, string> {
     'node-role.kubernetes.io/cocoon-vm': '',
   };
   if (f.config.snapshotCpuClass) labels['cocoonstack.io/snapshot-cpu-class'] = f.config.snapshotCpuClass;
-  return labels;
+  if (!f.nodeIdentity) return labels;
+  // As a node identity these would make NodeRestriction refuse the whole create or patch; an
+  // administrator applies them instead (docs/operations.md, The node identity).
+  return Object.fromEntries(Object.entries(labels).filter(([k]) => !nodeRestrictedLabel(k)));
+}
+
+/** The labels of nodeLabels a node identity cannot set on itself (for the startup log). */
+export function labelsLeftToAdmin(f: NodeFacts): string[] {
+  if (!f.nodeIdentity) return [];
+  return Object.keys(nodeLabels({ ...f, nodeIdentity: false })).filter(nodeRestrictedLabel);
 }
 
 function bytesOrOverride(override: string | undefined, probed: bigint): bigint {

@@ -3,7 +3,7 @@
 // from the watch cache and the provider's copy and decides from those, never from what an
 // earlier callback remembered. Per key, at most one sync runs; a newer event never
 // cancels a sync in flight, it only schedules one more run.
-import type { V1ConfigMap, V1Pod, V1PodStatus, V1Secret } from '@kubernetes/client-node';
+import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube } from '../kube/client.ts';
 import type { EventSink } from '../kube/events.ts';
 import type { Informer } from '../kube/informer.ts';
@@ -61,9 +61,9 @@ export class PodController {
   readonly #failedSync = new Map<string, { fp: string; retryAt: number; attempts: number }>();
   /** Fingerprint of the pod version the last successful sync handled, per key. */
   readonly #handled = new Map<string, string>();
-  /** Pods held back by a missing mandatory ConfigMap/Secret: dependency → pod keys. */
-  readonly #blocked = new Map<string, Set<string>>();
-  readonly #depWatches = new Map<string, Informer<V1ConfigMap | V1Secret>>();
+  /** Pods held back by a missing (or unreadable) mandatory ConfigMap/Secret: how many
+   * re-gets found it still missing, per pod key (sets the next re-get's delay). */
+  readonly #heldBack = new Map<string, number>();
   #resyncTimer: NodeJS.Timeout | undefined;
   #stopped = false;
   #synced = false;
@@ -131,7 +131,7 @@ export class PodController {
     return [...this.#informer.list()];
   }
 
-  /** Re-drives a pod's sync (used by the provider and by dependency watches). */
+  /** Re-drives a pod's sync (used by the provider). */
   enqueue(key: string): void {
     this.#queue.add(key);
   }
@@ -142,7 +142,6 @@ export class PodController {
     this.#queue.stop();
     this.#status.stop();
     await this.#informer.stop();
-    for (const w of this.#depWatches.values()) await w.stop();
   }
 
   /** Resolves when no sync is queued or running (tests and shutdown). */
@@ -216,15 +215,11 @@ export class PodController {
 
     const resolution = await resolvePodEnv(pod, this.#envSources());
     for (const ev of resolution.events) this.#o.events.event(pod, ev.type, ev.reason, ev.message);
-    this.#unblock(key);
     if (resolution.blockedOn.length > 0) {
-      for (const dep of resolution.blockedOn) this.#block(key, dep);
-      this.#log.info(
-        { pod: key, blockedOn: resolution.blockedOn.map(depKey) },
-        'pod waits for a mandatory ConfigMap/Secret',
-      );
+      this.#holdBack(key, resolution.blockedOn);
       return;
     }
+    this.#heldBack.delete(key);
 
     if (!tracked) {
       try {
@@ -349,7 +344,7 @@ export class PodController {
     this.#handled.delete(key);
     this.#failedSync.delete(key);
     this.#status.forget(key);
-    this.#unblock(key);
+    this.#heldBack.delete(key);
   }
 
   // ---- ConfigMap/Secret dependencies ---------------------------------------------------
@@ -376,58 +371,30 @@ export class PodController {
     };
   }
 
-  #block(podKeyValue: string, dep: Dependency): void {
-    const k = depKey(dep);
-    let set = this.#blocked.get(k);
-    if (!set) {
-      set = new Set();
-      this.#blocked.set(k, set);
-    }
-    set.add(podKeyValue);
-    this.#ensureDepWatch(dep);
-  }
-
-  #unblock(podKeyValue: string): void {
-    for (const [k, set] of this.#blocked) {
-      set.delete(podKeyValue);
-      if (set.size === 0) this.#blocked.delete(k);
-    }
-  }
-
-  /** Watches ConfigMaps/Secrets of a namespace with blocked pods, so they are re-driven
-   * the moment the missing object appears (no give-up, unlike the Go framework). */
-  #ensureDepWatch(dep: Dependency): void {
-    const resource = dep.kind === 'ConfigMap' ? 'configmaps' : 'secrets';
-    const wk = `${resource}/${dep.namespace}`;
-    if (this.#depWatches.has(wk)) return;
-    const core = this.#o.kube.core;
-    const list = (): Promise<{ items: (V1ConfigMap | V1Secret)[] }> =>
-      dep.kind === 'ConfigMap'
-        ? core.listNamespacedConfigMap({ namespace: dep.namespace })
-        : core.listNamespacedSecret({ namespace: dep.namespace });
-    const w = this.#o.kube.informer<V1ConfigMap | V1Secret>(
-      `/api/v1/namespaces/${encodeURIComponent(dep.namespace)}/${resource}`,
-      list,
+  /** Holds a pod back and schedules the re-get of what it waits for. No ConfigMap/Secret is
+   * listed or watched: the daemon's identity may read only the objects its pods name
+   * (under the Node authorizer, exactly those), so the next sync reads them again by name,
+   * after dependencyRecheckMs (any pod change re-syncs sooner). */
+  #holdBack(key: string, blockedOn: Dependency[]): void {
+    const attempts = (this.#heldBack.get(key) ?? 0) + 1;
+    this.#heldBack.set(key, attempts);
+    const delayMs = dependencyRecheckMs(attempts);
+    this.#queue.addAfter(key, delayMs);
+    // Logged at info once per hold, then at debug on every re-get.
+    this.#log[attempts === 1 ? 'info' : 'debug'](
+      { pod: key, blockedOn: blockedOn.map(depKey), attempts, recheckInMs: delayMs },
+      'pod waits for a mandatory ConfigMap/Secret',
     );
-    const onChange = (obj: V1ConfigMap | V1Secret) => {
-      const set = this.#blocked.get(
-        depKey({ kind: dep.kind, namespace: dep.namespace, name: obj.metadata?.name ?? '' }),
-      );
-      for (const k of set ?? []) this.#queue.add(k);
-    };
-    w.on('add', onChange);
-    w.on('update', onChange);
-    w.on('error', (err: unknown) => {
-      if (!this.#stopped)
-        this.#log.warn(
-          { err: apiErrorMessage(err), watch: wk },
-          'dependency watch failed; retrying with backoff',
-        );
-    });
-    this.#depWatches.set(wk, w);
-    void w.start().catch(() => {}); // rejects only when stopped first
   }
 }
+
+/** Delay before the `attempt`-th re-get of a held-back pod's missing ConfigMap/Secret: 1 s
+ * doubling to 30 s, no give-up (docs/contracts/virtual-node.md "Environment resolution"). So a
+ * late object is picked up within 30 s of its creation, sooner in the first minute. */
+export function dependencyRecheckMs(attempt: number): number {
+  return Math.min(DEPENDENCY_RECHECK_MAX_MS, 1000 * 2 ** Math.min(attempt - 1, 10));
+}
+export const DEPENDENCY_RECHECK_MAX_MS = 30_000;
 
 /** The pod queue's retry delay after `attempt` failures (5 ms doubling to 1000 s, docs/contracts/virtual-node.md "Queues and retries"). */
 function syncBackoffMs(attempt: number): number {

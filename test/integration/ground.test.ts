@@ -170,23 +170,51 @@ test('a pod bound to a node is created and its watch delivers ADDED then DELETED
   assert.ok(seen.includes('DELETED:p1'), seen.join(','));
 });
 
-test('the provider identity has exactly the RBAC of deploy/rbac.yaml', async () => {
-  const can = async (verb: string, resource: string) =>
-    (
+test('the apiserver authorizes like kubeadm (Node,RBAC + NodeRestriction), and the provider identity has exactly the verbs the daemon calls', async () => {
+  const apiserverArgs = readFileSync(`/proc/${g.cluster.pids.apiserver}/cmdline`, 'utf8').split('\0');
+  assert.ok(apiserverArgs.includes('--authorization-mode=Node,RBAC'), apiserverArgs.join(' '));
+  assert.ok(apiserverArgs.includes('--enable-admission-plugins=NodeRestriction'));
+  // deploy/rbac-provider-identity.yaml, for daemons started with identity 'provider'.
+  // `pods/status` is the subresource (kubectl reads `pods/x` as the pod named x).
+  const can = async (verb: string, resource: string) => {
+    const [type, sub] = resource.split('/');
+    return (
       await run(join(g.cluster.binDir, 'kubectl'), [
         '--kubeconfig',
         g.cluster.providerKubeconfig,
         'auth',
         'can-i',
         verb,
-        resource,
+        type!,
+        ...(sub ? [`--subresource=${sub}`] : []),
         '--all-namespaces',
       ]).catch((e: Error) => ({ stdout: e.message }))
     ).stdout.trim();
-  assert.equal(await can('patch', 'pods/status'), 'yes');
-  assert.equal(await can('create', 'tokenreviews.authentication.k8s.io'), 'yes');
-  assert.equal(await can('update', 'leases.coordination.k8s.io'), 'yes');
-  assert.match(await can('create', 'pods'), /no/);
+  };
+  const yes = [
+    ['patch', 'pods/status'],
+    ['list', 'pods'],
+    ['delete', 'pods'],
+    ['create', 'tokenreviews.authentication.k8s.io'],
+    ['update', 'leases.coordination.k8s.io'],
+    ['patch', 'nodes'],
+    ['patch', 'nodes/status'],
+    ['get', 'secrets'],
+    ['get', 'configmaps'],
+  ];
+  const no = [
+    ['create', 'pods'],
+    ['patch', 'pods'],
+    ['update', 'pods/status'],
+    ['list', 'secrets'],
+    ['watch', 'configmaps'],
+    ['get', 'services'],
+    ['update', 'nodes'],
+    ['delete', 'nodes'],
+    ['create', 'events.events.k8s.io'],
+  ];
+  for (const [verb, resource] of yes) assert.equal(await can(verb!, resource!), 'yes', `${verb} ${resource}`);
+  for (const [verb, resource] of no) assert.match(await can(verb!, resource!), /no/, `${verb} ${resource}`);
 });
 
 test('the registry stores and serves a blob and an OCI manifest', async () => {

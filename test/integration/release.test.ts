@@ -29,6 +29,7 @@ import { load as loadYaml } from 'js-yaml';
 import ts from 'typescript';
 import { repoRoot } from '../../ground/cluster.ts';
 import { waitForPod } from '../../ground/kube.ts';
+import { nodeKubeconfig } from '../../ground/node-identity.ts';
 import {
   freePort,
   httpsGet,
@@ -114,6 +115,7 @@ test('the unpacked release is self-contained: its own Node.js 24, no link or pat
     'systemd/vk-cocoon.service',
     'vk-cocoon.env.example',
     'deploy/rbac.yaml',
+    'deploy/rbac-provider-identity.yaml',
     'docs/operations.md',
   ])
     assert.ok(existsSync(join(rel, f)), f);
@@ -172,7 +174,8 @@ test('started from outside the checkout against the ground, it brings the exampl
     env: {
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/root',
-      KUBECONFIG: w.ground.cluster.providerKubeconfig,
+      // Installed as documented: the node identity (docs/operations.md).
+      KUBECONFIG: await nodeKubeconfig(w.ground.cluster, w.nodeName, scratch),
       VK_NODE_NAME: w.nodeName,
       VK_NODE_IP: '127.0.0.1',
       VK_KUBELET_PORT: String(kubeletPort),

@@ -8,6 +8,7 @@ import {
   AuditTail,
   countWrites,
   DAEMON_USER,
+  isDaemonUser,
   otherWrites,
   parseAuditLine,
   parseAuditLog,
@@ -129,6 +130,11 @@ test('countWrites by kind and verb, failures and distinct pods; selectWrites fil
   const all = parseAuditLog(text);
   assert.equal(all.length, 7);
   const mine = selectWrites(all, { user: DAEMON_USER });
+  // A daemon running as its node identity counts as the daemon too; the admin does not.
+  const asNode = parseAuditLog(
+    auditLine({ verb: 'delete', resource: 'pods', ns: 'a', name: 'p1', user: 'system:node:n' }),
+  );
+  assert.equal(selectWrites([...all, ...asNode], { user: isDaemonUser }).length, 7);
   const c = countWrites(mine);
   assert.equal(c.total, 6);
   assert.deepEqual(c.byKind, { pods: 1, 'pods/status': 2, events: 1, leases: 1, 'nodes/status': 1 });

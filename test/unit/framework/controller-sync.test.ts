@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mock, type TestContext, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { silentLogger } from '../../../src/log.ts';
-import { PodController } from '../../../src/pods/controller.ts';
+import { dependencyRecheckMs, PodController } from '../../../src/pods/controller.ts';
 import { NotFoundError, type PodLifecycleHandler } from '../../../src/pods/ports.ts';
 import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
 import { advanceMonoClockForTests, freezeMonoClockForTests } from '../../../src/util/mono-clock.ts';
@@ -494,9 +494,17 @@ test('a status-only watch event during a backoff does not reset the backoff of t
   assert.equal(r.provider.of('create').length, 6, 'the backoff was reset to 5 ms by the watch event');
 });
 
-test('a pod whose mandatory ConfigMap is missing is held back and created once the ConfigMap appears', async (t) => {
+test('a pod whose mandatory ConfigMap is missing is held back, re-read by name with backoff and created once it appears', async (t) => {
   const r = await rig(t);
   await r.start();
+  // Mocked timers and a frozen monotonic clock: only advance() moves time, however slow the machine.
+  mock.timers.enable({ apis: ['setTimeout'] });
+  freezeMonoClockForTests(true);
+  t.after(() => {
+    mock.timers.reset();
+    freezeMonoClockForTests(false);
+  });
+  const reads = () => r.fake.core.callsOf('readNamespacedConfigMap').length;
   const pod = apiPod('cfg-0', {
     containers: [{ name: 'agent', image: 'acme/agent', envFrom: [{ configMapRef: { name: 'agent-env' } }] }],
   });
@@ -506,24 +514,48 @@ test('a pod whose mandatory ConfigMap is missing is held back and created once t
     r.events.some((e) => e.type === 'Warning' && e.reason === 'MandatoryConfigMapNotFound'),
     JSON.stringify(r.events),
   );
-  const cmWatch = '/api/v1/namespaces/ns/configmaps';
-  await r.ws.waitForWatch(cmWatch);
-  // Another ConfigMap of the namespace does not re-drive it.
-  r.ws.emit(cmWatch, 'ADDED', { metadata: { namespace: 'ns', name: 'other', resourceVersion: '7' } });
+  assert.equal(reads(), 1);
+  assert.deepEqual(r.fake.core.callsOf('readNamespacedConfigMap')[0]?.params, {
+    namespace: 'ns',
+    name: 'agent-env',
+  });
+  // Re-read after 1 s, then 2 s: still missing, still held back.
+  advance(999);
   await turns();
   await r.controller.idle();
+  assert.equal(reads(), 1, 'no re-read before 1 s');
+  advance(1);
+  await until('the first re-read', () => reads() === 2);
+  await r.controller.idle();
+  advance(2000);
+  await until('the second re-read', () => reads() === 3);
+  await r.controller.idle();
   assert.equal(r.provider.calls.length, 0);
-  // The missing one appears.
+  // The missing one appears: the next re-read (4 s later) creates the pod.
   r.fake.core.on('readNamespacedConfigMap', (p) =>
     p.name === 'agent-env' ? { data: { MODE: 'fast' } } : Promise.reject(new Error('unexpected')),
   );
-  r.ws.emit(cmWatch, 'ADDED', {
-    metadata: { namespace: 'ns', name: 'agent-env', resourceVersion: '8' },
-    data: { MODE: 'fast' },
-  });
+  advance(4000);
   await until('created', () => r.provider.of('create').length === 1);
   await r.controller.idle();
   assert.equal(r.provider.of('create')[0]?.metadata?.uid, 'uid-cfg-0');
+  // Nothing but the pods was ever listed or watched: ConfigMaps are only read by name.
+  assert.deepEqual(
+    [...new Set(r.fake.core.calls.map((c) => c.method).filter((m) => m.startsWith('list')))],
+    ['listPodForAllNamespaces'],
+  );
+  // Created: no more re-reads.
+  advance(60_000);
+  await turns();
+  await r.controller.idle();
+  assert.equal(reads(), 4);
+});
+
+test('the re-get delay of a held-back pod doubles from 1 s to 30 s and stays there', () => {
+  assert.deepEqual(
+    [1, 2, 3, 4, 5, 6, 7, 50].map((n) => dependencyRecheckMs(n)),
+    [1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000],
+  );
 });
 
 test('pods in a terminal phase are ignored: no create, no update, no status write', async (t) => {

@@ -117,8 +117,6 @@ test('every call the daemon makes: method, path, query, content type, token and 
   });
   await core.readNamespacedConfigMap({ name: 'cm', namespace: 'ns' });
   await core.readNamespacedSecret({ name: 's', namespace: 'ns' });
-  await core.listNamespacedConfigMap({ namespace: 'ns' });
-  await core.listNamespacedSecret({ namespace: 'ns' });
   await coordination.readNamespacedLease({ name: 'n1', namespace: 'kube-node-lease' });
   await coordination.createNamespacedLease({
     namespace: 'kube-node-lease',
@@ -126,6 +124,7 @@ test('every call the daemon makes: method, path, query, content type, token and 
   });
   await coordination.replaceNamespacedLease({ name: 'n1', namespace: 'kube-node-lease', body: {} });
   await authn.createTokenReview({ body: { spec: { token: 't' } } });
+  await authn.createSelfSubjectReview({ body: {} });
   await authz.createSubjectAccessReview({ body: { spec: {} } });
   const calls = api.seen.map(
     (s) => `${s.method} ${s.path}${Object.keys(s.query).length ? ` ${JSON.stringify(s.query)}` : ''}`,
@@ -144,12 +143,11 @@ test('every call the daemon makes: method, path, query, content type, token and 
     'DELETE /api/v1/namespaces/ns/pods/p {"gracePeriodSeconds":"0"}',
     'GET /api/v1/namespaces/ns/configmaps/cm',
     'GET /api/v1/namespaces/ns/secrets/s',
-    'GET /api/v1/namespaces/ns/configmaps',
-    'GET /api/v1/namespaces/ns/secrets',
     'GET /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1',
     'POST /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases',
     'PUT /apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n1',
     'POST /apis/authentication.k8s.io/v1/tokenreviews',
+    'POST /apis/authentication.k8s.io/v1/selfsubjectreviews',
     'POST /apis/authorization.k8s.io/v1/subjectaccessreviews',
   ]);
   const ct = api.seen.map((s) => s.headers['content-type'] ?? '-');
@@ -168,8 +166,7 @@ test('every call the daemon makes: method, path, query, content type, token and 
     '-',
     '-',
     '-',
-    '-',
-    '-',
+    'application/json',
     'application/json',
     'application/json',
     'application/json',

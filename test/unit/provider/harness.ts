@@ -10,6 +10,7 @@ import { Ledger } from '../../../src/authority/ledger.ts';
 import { ownerOf } from '../../../src/authority/owner.ts';
 import { loadConfig } from '../../../src/config/env.ts';
 import { EventRecorder, type EventSink } from '../../../src/kube/events.ts';
+import { CONTENT_TYPE_MERGE_PATCH } from '../../../src/kube/rest.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
 import type { PodStatusSink, StatusWriteOptions } from '../../../src/pods/ports.ts';
@@ -18,7 +19,7 @@ import type { SnapshotPuller, SnapshotStore } from '../../../src/provider/cocoon
 import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import { CocoonProvider } from '../../../src/provider/cocoon/provider.ts';
 import { FakeCocoon } from '../fakes/cocoon.ts';
-import { fakeKube } from '../fakes/kube.ts';
+import { type FakeCall, fakeKube } from '../fakes/kube.ts';
 
 export interface RecordedEvent {
   pod: string;
@@ -179,9 +180,12 @@ export function harness(
       return this.writes(name).flatMap((w) => (w.annotations ? [w.annotations] : []));
     },
     writes(name) {
+      // Annotation-only writes are JSON merge patches of pods/status (write.ts); status
+      // writes are strategic merge patches of it.
+      const annotationOnly = (c: FakeCall) => c.headers['Content-Type'] === CONTENT_TYPE_MERGE_PATCH;
       const patches: PodWrite[] = kube.core
-        .callsOf('patchNamespacedPod')
-        .filter((c) => c.params.name === name)
+        .callsOf('patchNamespacedPodStatus')
+        .filter((c) => c.params.name === name && annotationOnly(c))
         .map((c) => ({
           kind: 'annotations',
           annotations: c.params.body.metadata.annotations,
@@ -191,7 +195,7 @@ export function harness(
       const sink = statusWrites.filter((w) => w.name === name).map((w) => w.write);
       const real: PodWrite[] = kube.core
         .callsOf('patchNamespacedPodStatus')
-        .filter((c) => c.params.name === name)
+        .filter((c) => c.params.name === name && !annotationOnly(c))
         .map((c) => ({
           kind: 'status',
           annotations: c.params.body.metadata?.annotations,

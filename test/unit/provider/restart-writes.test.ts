@@ -7,6 +7,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, describe, test } from 'node:test';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
+import { CONTENT_TYPE_MERGE_PATCH } from '../../../src/kube/rest.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { PodStatusWriter, statusApplied } from '../../../src/pods/status-writer.ts';
 import { PUBLISH_GRACE_MS } from '../../../src/provider/cocoon/publication/held.ts';
@@ -78,8 +79,16 @@ async function restart(api: V1Pod, vm: FakeVm): Promise<Harness> {
   return h2;
 }
 
-const statusPatches = (h: Harness) => h.kube.core.callsOf('patchNamespacedPodStatus');
-const podPatches = (h: Harness) => h.kube.core.callsOf('patchNamespacedPod');
+// Both go to pods/status: a status write is a strategic merge patch, an annotation-only
+// write a JSON merge patch (publication/write.ts).
+const statusPatches = (h: Harness) =>
+  h.kube.core
+    .callsOf('patchNamespacedPodStatus')
+    .filter((c) => c.headers['Content-Type'] !== CONTENT_TYPE_MERGE_PATCH);
+const podPatches = (h: Harness) =>
+  h.kube.core
+    .callsOf('patchNamespacedPodStatus')
+    .filter((c) => c.headers['Content-Type'] === CONTENT_TYPE_MERGE_PATCH);
 
 describe('restart: a ready pod re-adopted by a new process', () => {
   test('published state already right: no write at all', async () => {

@@ -208,7 +208,7 @@ describe('the status writer', () => {
     });
     assert.equal(body.status.podIP, '10.0.0.3');
     assert.equal(typeof rv, 'string');
-    assert.equal(fake.core.callsOf('patchNamespacedPod').length, 0, 'no annotation patch of its own');
+    assert.equal(fake.core.callsOf('patchNamespacedPod').length, 0, 'no patch of the pod itself');
     // The pod reaches the cache: the superseded Pending status is not written after it.
     writer.start(() => ({ ...pod, status: { phase: 'Pending' } }));
     writer.podChanged('ns/p');

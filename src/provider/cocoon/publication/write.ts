@@ -1,7 +1,10 @@
 // One UID-fenced write of a pod's provider-owned state (docs/contracts/lifecycle.md R2, R8):
 // a pods/status patch carrying the annotations and the status computed now, or a JSON merge
-// patch of the annotations alone. Nothing here knows about held changes: held.ts decides what
-// a write carries.
+// patch of the annotations alone. Both go to pods/<name>/status, never to the pod itself: a
+// node identity may not patch pods (the Node authorizer has no pod patch, and NodeRestriction
+// admits only status updates of the node's own pods), while the status subresource keeps
+// metadata.annotations. Nothing here knows about held changes: held.ts decides what a write
+// carries.
 import type { LifecycleState } from '../../../contract/annotations.ts';
 import { apiErrorMessage, apiStatus, mergePatch, withSignal } from '../../../kube/client.ts';
 import { logFor, type ProviderContext } from '../context.ts';
@@ -20,7 +23,7 @@ export interface WriteOptions {
 
 /** Sends `annotations` in one write: with `withStatus` a UID-fenced strategic merge patch of
  * `pods/<name>/status` carrying them and the status; otherwise (when there are any) a
- * UID-fenced JSON merge patch. Either way 3 attempts, 500 ms apart, 5 s each; 404/409/422
+ * UID-fenced JSON merge patch of `pods/<name>/status` carrying them alone. Either way 3 attempts, 500 ms apart, 5 s each; 404/409/422
  * mean another incarnation owns the name now (R2): superseded. */
 export async function send(
   ctx: ProviderContext,
@@ -58,7 +61,8 @@ async function writeWithStatus(
   }
 }
 
-/** A UID-fenced JSON merge patch of provider-owned annotations: 3 attempts, 500 ms apart,
+/** A UID-fenced JSON merge patch of provider-owned annotations on pods/<name>/status (which
+ * keeps metadata.annotations, and is all a node identity may write): 3 attempts, 500 ms apart,
  * 5 s each, every attempt cancelled at its bound (Kube.writeRetrying). */
 async function annotationPatch(
   ctx: ProviderContext,
@@ -70,7 +74,7 @@ async function annotationPatch(
   const body = { metadata: { uid: rec.uid, annotations } };
   try {
     const res = await ctx.kube.writeRetrying((signal) =>
-      ctx.kube.core.patchNamespacedPod({ namespace, name, body }, withSignal(signal, mergePatch)),
+      ctx.kube.core.patchNamespacedPodStatus({ namespace, name, body }, withSignal(signal, mergePatch)),
     );
     setLastWriteRV(rec, res.metadata?.resourceVersion);
     logFor(ctx, rec).debug({ annotations: Object.keys(annotations) }, 'annotations written');
