@@ -142,8 +142,7 @@ describe('local snapshot GC', () => {
     // vk-gone: a vk-* snapshot vk-cocoon did not write is never collected (docs/security.md).
     for (const n of ['vk-sleep', 'vk-kept', 'vk-gone', 'fork-vk-gone', 'other/snap', SOURCE])
       assert.equal(after.get(n), before.get(n), `${n} kept`);
-    for (const n of ['vk-replaced', 'vk-sleep-hibernate-import'])
-      assert.ok(!after.has(n), `${n} removed`);
+    for (const n of ['vk-replaced', 'vk-sleep-hibernate-import']) assert.ok(!after.has(n), `${n} removed`);
     // The kept copy still serves its pod: waking `sleep` ends ready.
     await annotate(w.core, w.namespace, 'sleep', { 'vm.cocoonstack.io/hibernate': null });
     await waitForPod(
