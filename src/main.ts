@@ -19,6 +19,7 @@ import { startMetricsServer } from './metrics/server.ts';
 import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
+import { allocatableForAdmission } from './node/node-object.ts';
 import { PodController } from './pods/controller.ts';
 import { PodStatusWriter } from './pods/status-writer.ts';
 import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
@@ -151,8 +152,11 @@ async function main(argv: string[]): Promise<number> {
   const status = new PodStatusWriter({ kube, log });
   // Watched while anything waits for a lease (src/net/leases.ts); closed at shutdown.
   const leases = new LeaseFile(config.leasesPath, { log });
+  const nodeFacts = { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket };
   const provider = new CocoonProvider({
     status,
+    // CreatePod admission counts against the figures the node object advertises.
+    allocatable: allocatableForAdmission(nodeFacts),
     puller,
     store,
     imageImporter,
@@ -197,7 +201,7 @@ async function main(argv: string[]): Promise<number> {
     kube,
     health: provider,
     log,
-    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket },
+    facts: nodeFacts,
   });
   await agent.register();
   agent.start();

@@ -16,6 +16,7 @@ import { monoNow } from '../../util/mono-clock.ts';
 import { AdmissionOrder } from '../../util/priority.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { VmAccess } from './access.ts';
+import { admission, reject } from './admit.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
 import { type GcResult, SnapshotGc } from './gc.ts';
 import { Loops } from './loops.ts';
@@ -56,6 +57,8 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       vmRestarts: new Map(),
       vmRechecks: new Map(),
       forkSaves: new Singleflight<SnapshotRecord>(),
+      rejected: new Map(),
+      sourceSizes: new Map(),
     };
     this.#ctx = ctx;
     this.#loops = new Loops(ctx);
@@ -68,7 +71,15 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
   /** Claims the pod (validation, `creating`) and returns; the bring-up continues in the
    * pod's own queue, so a slow pull never holds a pod-controller worker. */
   async createPod(pod: V1Pod): Promise<void> {
-    const rec = await this.#ctx.queue.run(keyOf(pod), () => claim(this.#ctx, pod));
+    const key = keyOf(pod);
+    const rec = await this.#ctx.queue.run(key, async () => {
+      // Admission first (admit.ts): a pod that does not fit is rejected like the kubelet
+      // rejects it, with no record and no VM. The claim follows in the same tick as the verdict.
+      const verdict = admission(this.#ctx, pod, key);
+      if (verdict.ok) return claim(this.#ctx, pod);
+      await reject(this.#ctx, pod, key, verdict.reason, verdict.message);
+      return undefined;
+    });
     if (rec) startBringUp(this.#ctx, rec);
   }
 

@@ -23,6 +23,9 @@ export interface FakeVm {
   pid: number;
   image: string;
   nics: { mac: string; network?: { ip: string; gateway: string; prefix: number } | null }[];
+  /** `config.cpu` / `config.memory` (printed only when set). */
+  cpu?: number;
+  memory?: number;
 }
 
 export interface FakeSnapshot {
@@ -31,6 +34,9 @@ export interface FakeSnapshot {
   hypervisor: string;
   /** Static addressing of NIC 0 of its clones (a fixup is owed), if any. */
   staticIp?: string;
+  /** Saved vCPUs and memory bytes (printed only when set; its clones get them). */
+  cpu?: number;
+  memory?: number;
 }
 
 export interface FakeCliCall {
@@ -102,7 +108,13 @@ export class FakeCocoon {
       hypervisor: vm.hypervisor,
       state: vm.state,
       pid: vm.pid,
-      config: { name: vm.name, image: vm.image, image_type: 'oci' },
+      config: {
+        name: vm.name,
+        image: vm.image,
+        image_type: 'oci',
+        ...(vm.cpu !== undefined ? { cpu: vm.cpu } : {}),
+        ...(vm.memory !== undefined ? { memory: vm.memory } : {}),
+      },
       network_configs: vm.nics.map((n) => ({
         mac: n.mac,
         tap: 'tap0',
@@ -150,6 +162,8 @@ export class FakeCocoon {
           image_type: '',
           image_blob_ids: {},
           hypervisor: s.hypervisor,
+          ...(s.cpu !== undefined ? { cpu: s.cpu } : {}),
+          ...(s.memory !== undefined ? { memory: s.memory } : {}),
         }),
         stderr: '',
       };
@@ -160,7 +174,11 @@ export class FakeCocoon {
       const fromDir = argv.includes('--from-dir');
       if (!fromDir && !this.snapshots.has(last)) this.#fail(argv, `snapshot not found: ${last}`);
       const snap = this.snapshots.get(last);
-      const vm = this.addVm(name, { hypervisor: snap?.hypervisor ?? 'cloud-hypervisor' });
+      const vm = this.addVm(name, {
+        hypervisor: snap?.hypervisor ?? 'cloud-hypervisor',
+        ...(snap?.cpu !== undefined ? { cpu: snap.cpu } : {}),
+        ...(snap?.memory !== undefined ? { memory: snap.memory } : {}),
+      });
       if (snap?.staticIp) vm.nics[0]!.network = { ip: snap.staticIp, gateway: '10.0.0.1', prefix: 24 };
       return { stdout: FakeCocoon.json(vm), stderr: '' };
     }

@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { loadConfig } from '../../../src/config/env.ts';
 import { EventRecorder, type EventSink } from '../../../src/kube/events.ts';
+import type { Allocatable } from '../../../src/lifecycle/admission.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
 import type { PodStatusSink, StatusWriteOptions } from '../../../src/pods/ports.ts';
@@ -74,6 +75,8 @@ export function harness(
     realStatusWriter?: boolean;
     /** The registry side of hibernate and wake (unset: no registry configured). */
     store?: (cocoon: FakeCocoon) => SnapshotStore;
+    /** The node's allocatable for admission (unset: only VK_NODE_PODS is checked). */
+    allocatable?: Allocatable;
   } = {},
 ): Harness {
   const dir = mkdtempSync(join(tmpdir(), 'vk-unit-'));
@@ -136,6 +139,7 @@ export function harness(
     lifetime: lifetime.signal,
     puller: opts.puller,
     store: opts.store?.(cocoon),
+    allocatable: opts.allocatable,
   });
   return {
     provider,
