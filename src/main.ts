@@ -103,7 +103,7 @@ async function main(argv: string[]): Promise<number> {
   if (config.kubeletAuth === 'none')
     log.warn('VK_KUBELET_AUTH=none: the kubelet API accepts any client (tests only)');
 
-  const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log);
+  const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log, { transferSlots: config.transferSlots });
   const metrics = createMetrics({ log });
   const apiWrites = new Counter({
     name: 'cocoon_vk_api_writes_total',

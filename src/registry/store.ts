@@ -42,7 +42,13 @@ export class RegistrySnapshotStore {
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
-    const r = await pushSnapshot({
+    // A whole push holds one transfer slot (VK_TRANSFER_SLOTS): export, spool and upload.
+    const r = await this.#o.cli.transfer(() => this.#push(args), this.#signal(args.signal));
+    return { digest: r.digest, snapshotId: r.snapshotId, bytes: r.bytes };
+  }
+
+  #push(args: Parameters<RegistrySnapshotStore['push']>[0]) {
+    return pushSnapshot({
       registry: this.#o.registry,
       cli: this.#o.cli,
       localName: args.localName,
@@ -56,7 +62,6 @@ export class RegistrySnapshotStore {
       signal: this.#signal(args.signal),
       log: args.log,
     });
-    return { digest: r.digest, snapshotId: r.snapshotId, bytes: r.bytes };
   }
 
   identity(repo: string, tag: string, signal?: AbortSignal): Promise<SnapshotIdentity | 'absent'> {
@@ -74,6 +79,11 @@ export class RegistrySnapshotStore {
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<SnapshotRecord> {
+    // A whole pull holds one transfer slot (VK_TRANSFER_SLOTS); its cap counts from the grant.
+    return this.#o.cli.transfer(() => this.#pull(args), this.#signal(args.signal));
+  }
+
+  #pull(args: Parameters<RegistrySnapshotStore['pull']>[0]): Promise<SnapshotRecord> {
     const cap = AbortSignal.timeout(PULL_CAP_MS);
     const started = performance.now();
     const done = (result: 'ok' | 'failed') =>
