@@ -10,7 +10,8 @@ import { restoreModeFor } from '../../guest/restore-mode.ts';
 import { recordFootprint } from '../../lifecycle/admission.ts';
 import type { Logger } from '../../log.ts';
 import { inspectSnapshot, SnapshotPullError } from '../../registry/pull.ts';
-import { pause } from '../../util/deadline.ts';
+import { pause, untilAborted } from '../../util/deadline.ts';
+import { currentOpSignal } from '../../util/op-signal.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
@@ -64,7 +65,9 @@ export async function cloneBringUp(
   if (!snap) {
     if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
     log.info({ snapshot: local, repo, tag }, 'clone source missing locally; pulling it from the registry');
-    await puller.ensure(spec.image, { log });
+    // A delete aborts the wait (the pull itself goes on for whoever else needs it).
+    const signal = currentOpSignal();
+    await untilAborted(Promise.resolve(puller.ensure(spec.image, { log, signal })), signal);
     snap = await inspectSnapshot(ctx.cli, local, undefined);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
   }

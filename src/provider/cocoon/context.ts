@@ -23,7 +23,7 @@ import type { PodRecord } from './state.ts';
 /** Pulls a clone-source snapshot from the registry into its local name (docs/registry.md "Pull flow"),
  * de-duplicated per local name; `src/registry/pull.ts` implements it. */
 export interface SnapshotPuller {
-  ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
+  ensure(image: string, opts: { log?: Logger; signal?: AbortSignal }): Promise<unknown>;
 }
 
 /** The run-mode image step with a registry (docs/registry.md "Cloud-image artifacts (run mode)"):
@@ -137,6 +137,9 @@ export interface ProviderContext extends ProviderDeps {
   /** The saved size of clone sources seen by `snapshot inspect`, by local snapshot name:
    * admission counts a clone that has no VM yet at its source's size. */
   sourceSizes: Map<string, Footprint>;
+  /** The bring-up queued or running per pod key, with its incarnation: DeletePod aborts it
+   * (ops/abort.ts). */
+  bringUps: Map<string, { uid: string; abort: AbortController }>;
 }
 
 export function generationOf(pod: V1Pod): bigint {

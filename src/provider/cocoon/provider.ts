@@ -11,6 +11,7 @@ import { parseVmList, type SnapshotRecord, type VmRecord } from '../../cocoon/re
 import type { ContainerAccess, ExecOutcome, ExecStreams, LogOptions } from '../../kubelet/ports.ts';
 import type { NodeHealth } from '../../node/ports.ts';
 import type { PodLifecycleHandler } from '../../pods/ports.ts';
+import { runAsTenant } from '../../util/fair.ts';
 import { KeyedQueue } from '../../util/keyed-queue.ts';
 import { monoNow } from '../../util/mono-clock.ts';
 import { AdmissionOrder } from '../../util/priority.ts';
@@ -20,6 +21,7 @@ import { admission, reject } from './admit.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
 import { type GcResult, SnapshotGc } from './gc.ts';
 import { Loops } from './loops.ts';
+import { abortBringUp } from './ops/abort.ts';
 import { claim, keyOf, startBringUp } from './ops/create.ts';
 import { deletePod } from './ops/delete.ts';
 import { startupReconcile } from './ops/startup.ts';
@@ -45,7 +47,14 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     const ctx: ProviderContext = {
       ...deps,
       pods: new Map(),
-      queue: new KeyedQueue({ around: (key, task) => admission.run(key, task, () => ctx.pods.has(key)) }),
+      // The pod's namespace is the tenant of its calls: the call pools are shared fairly
+      // between namespaces (src/util/fair.ts).
+      queue: new KeyedQueue({
+        around: (key, task) =>
+          runAsTenant(key.slice(0, key.indexOf('/')), () =>
+            admission.run(key, task, () => ctx.pods.has(key)),
+          ),
+      }),
       reconcileSoon: (key) => this.#loops.reconcileSoon(key),
       startProbe: (rec, opts) => this.#loops.startProbe(rec, opts),
       retryCreate: (rec) => startBringUp(ctx, rec),
@@ -59,6 +68,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       forkSaves: new Singleflight<SnapshotRecord>(),
       rejected: new Map(),
       sourceSizes: new Map(),
+      bringUps: new Map(),
     };
     this.#ctx = ctx;
     this.#loops = new Loops(ctx);
@@ -87,9 +97,12 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     return this.#ctx.queue.run(keyOf(pod), () => updatePod(this.#ctx, pod));
   }
 
+  /** Aborts the pod's bring-up in flight (ops/abort.ts) instead of waiting behind it; the
+   * delete then removes whatever the bring-up made. */
   deletePod(pod: V1Pod): Promise<void> {
     const key = keyOf(pod);
-    return this.#ctx.queue.run(key, () => deletePod(this.#ctx, pod, key));
+    const aborted = abortBringUp(this.#ctx, key, pod.metadata?.uid);
+    return this.#ctx.queue.run(key, () => deletePod(this.#ctx, pod, key, { abortedBringUp: aborted }));
   }
 
   getPod(namespace: string, name: string): V1Pod | undefined {

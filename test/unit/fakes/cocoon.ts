@@ -14,6 +14,7 @@ import {
   type CocoonCli,
   CocoonCommandError,
 } from '../../../src/cocoon/runner.ts';
+import { currentOpSignal } from '../../../src/util/op-signal.ts';
 
 export interface FakeVm {
   id: string;
@@ -58,7 +59,13 @@ export class FakeCocoon {
   /** The object the provider takes as its `cli`. */
   readonly cli: CocoonCli = {
     bin: '/fake/cocoon',
-    run: (argv: readonly string[], opts: CliCallOptions) => this.#run([...argv], opts),
+    // As the real runner: the operation's abort signal (src/util/op-signal.ts) ends the call.
+    run: (argv: readonly string[], opts: CliCallOptions) => {
+      const op = currentOpSignal();
+      const signal = op && opts.signal ? AbortSignal.any([opts.signal, op]) : (op ?? opts.signal);
+      if (signal?.aborted) return Promise.reject(new CocoonCommandError([...argv], 'aborted', '', null));
+      return this.#run([...argv], { ...opts, signal });
+    },
     spawn: () => {
       throw new Error('FakeCocoon: spawn is not supported');
     },
