@@ -29,7 +29,7 @@ import { updatePod } from './ops/update.ts';
 import { onVmEvent, sweepVms } from './ops/vm-events.ts';
 import type { PodRecord } from './state.ts';
 
-export { newLogLines } from './access.ts';
+export { newLogLines } from './log-follow.ts';
 export type CocoonProviderOptions = ProviderDeps;
 
 export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, NodeHealth {
