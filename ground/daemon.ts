@@ -52,6 +52,8 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
       COCOON_SIM_ROOT: o.rootDir,
       VK_LEASES_PATH: o.leasesPath,
       COCOON_SIM_LEASES: o.leasesPath,
+      // The provenance ledger beside the simulator root: a restart of this host keeps it.
+      VK_STATE_DIR: join(o.rootDir, 'vk-state'),
       VK_COCOON_NET_CONTROL_SOCKET: '',
       VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
       VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),

@@ -8,7 +8,8 @@ export function configTable(): string {
   return [
     '| Variable | Default | Meaning |',
     '|---|---|---|',
-    ...ENV_DOCS.map((d) => `| \`${d.name}\` | ${fmt(d.default)} | ${d.meaning} |`),
+    // A `|` in a meaning (VK_NAMESPACE_NETWORKS' syntax) would end the Markdown cell.
+    ...ENV_DOCS.map((d) => `| \`${d.name}\` | ${fmt(d.default)} | ${d.meaning.replaceAll('|', '\\|')} |`),
   ].join('\n');
 }
 

@@ -20,6 +20,7 @@ export const LAYERS: Readonly<Record<string, number>> = {
   vmspec: 2,
   metrics: 2,
   config: 3,
+  authority: 3,
   lifecycle: 3,
   registry: 3,
   stats: 3,

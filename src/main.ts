@@ -4,13 +4,16 @@
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { Counter, Gauge } from 'prom-client';
+import { Ledger } from './authority/ledger.ts';
 import { runExplain, withExplainUsage } from './cli/explain/command.ts';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
 import { Kube, KubeConfigError, loadKubeConfig } from './kube/client.ts';
 import { EventRecorder } from './kube/events.ts';
 import { KubeletAuthorizer } from './kubelet/auth.ts';
+import { kubeletMetrics } from './kubelet/metrics.ts';
 import { KubeletServer } from './kubelet/server.ts';
 import { loadOrCreateServingCert } from './kubelet/tls.ts';
 import { createLogger } from './log.ts';
@@ -101,10 +104,13 @@ async function main(argv: string[]): Promise<number> {
     log.warn({ reason: serving.reason }, 'serving the kubelet API with a self-signed certificate');
   const clientCa = config.tlsClientCA ? readFileSync(config.tlsClientCA, 'utf8') : kube.clusterCaPem();
   if (config.kubeletAuth === 'none')
-    log.warn('VK_KUBELET_AUTH=none: the kubelet API accepts any client (tests only)');
+    log.warn(
+      { listen: config.nodeIP },
+      'VK_KUBELET_AUTH=none: the kubelet API accepts any client on this loopback address (tests only)',
+    );
 
   const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log, { transferSlots: config.transferSlots });
-  const metrics = createMetrics({ log });
+  const metrics = createMetrics({ log, vmLabels: config.metricsVmLabels });
   const apiWrites = new Counter({
     name: 'cocoon_vk_api_writes_total',
     help: 'Kubernetes API writes made by the provider (TS addition).',
@@ -153,7 +159,15 @@ async function main(argv: string[]): Promise<number> {
   // Watched while anything waits for a lease (src/net/leases.ts); closed at shutdown.
   const leases = new LeaseFile(config.leasesPath, { log });
   const nodeFacts = { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket };
+  // The provenance ledger (docs/security.md): opened before anything is adopted; a file
+  // that does not decode stops the startup.
+  const ledger = await Ledger.open({
+    path: join(config.stateDir, 'ledger.json'),
+    node: config.nodeName,
+    log,
+  });
   const provider = new CocoonProvider({
+    ledger,
     status,
     // CreatePod admission counts against the figures the node object advertises.
     allocatable: allocatableForAdmission(nodeFacts),
@@ -231,9 +245,20 @@ async function main(argv: string[]): Promise<number> {
     debugEndpoints: config.debugEndpoints,
   });
 
-  const authorizer = new KubeletAuthorizer(kube, config.nodeName, { clientCa, log });
+  const kubeletCounters = kubeletMetrics(metrics.registry);
+  const authorizer = new KubeletAuthorizer(kube, config.nodeName, {
+    clientCa,
+    log,
+    onTokenReview: (result) => kubeletCounters.tokenReviews.inc({ result }),
+    onThrottled: () => kubeletCounters.authThrottled.inc(),
+  });
   const server = new KubeletServer({
     port: config.kubeletPort,
+    // Every interface, except without authentication: then only the loopback node IP the
+    // configuration insists on (src/config/env.ts), so nothing off the host reaches it.
+    ...(config.kubeletAuth === 'none' ? { host: config.nodeIP } : {}),
+    maxConnections: config.kubeletMaxConnections,
+    onConnectionDropped: () => kubeletCounters.connectionsDropped.inc(),
     cert: serving.cert,
     key: serving.key,
     clientCa,

@@ -44,6 +44,7 @@ const VmSchema = v.object({
   network_configs: v.nullish(v.array(NicSchema), []),
   storage_configs: v.nullish(v.array(v.object({ path: str, role: str })), []),
   vsock_socket: str,
+  created_at: str,
 });
 
 /** Static addressing of a NIC (present only when `network.ip` is non-empty). */
@@ -86,6 +87,9 @@ export interface VmRecord {
    * real size, counted by admission (src/lifecycle/admission.ts). */
   readonly cpus?: number;
   readonly memoryBytes?: number;
+  /** RFC 3339 creation time (`''` when cocoon did not print one): the provenance ledger
+   * attributes a VM to a create intent only when it was made after the intent. */
+  readonly createdAt: string;
 }
 
 /** Only a positive finite size is a size. */
@@ -113,6 +117,7 @@ function toVmRecord(raw: v.InferOutput<typeof VmSchema>): VmRecord {
     storage: raw.storage_configs.map((s) => ({ path: s.path, role: s.role })),
     vsockSocket: raw.vsock_socket,
     ...sizeFields(raw.config.cpu, raw.config.memory),
+    createdAt: raw.created_at,
   };
 }
 
@@ -189,6 +194,7 @@ const SnapshotSchema = v.object({
   hypervisor: str,
   cpu: size,
   memory: size,
+  created_at: str,
 });
 
 export interface SnapshotRecord {
@@ -205,6 +211,8 @@ export interface SnapshotRecord {
   /** vCPUs and memory bytes of the saved VM, when cocoon prints them (its clones' size). */
   readonly cpus?: number;
   readonly memoryBytes?: number;
+  /** RFC 3339 creation time, `''` when not printed. */
+  readonly createdAt: string;
 }
 
 function toSnapshotRecord(raw: v.InferOutput<typeof SnapshotSchema>): SnapshotRecord {
@@ -217,6 +225,7 @@ function toSnapshotRecord(raw: v.InferOutput<typeof SnapshotSchema>): SnapshotRe
     imageBlobIds: Object.keys(raw.image_blob_ids).sort(),
     hypervisor: raw.hypervisor,
     ...sizeFields(raw.cpu, raw.memory),
+    createdAt: raw.created_at,
   };
 }
 

@@ -4,6 +4,9 @@
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
 import { isIPv4 } from 'node:net';
+import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
+import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
+import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
 import { parseQuantity, quantityValue } from '../vmspec/quantity.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
@@ -30,16 +33,24 @@ export interface Config {
   cocoonRootDir: string;
   cgroupParent: string;
   orphanPolicy: OrphanPolicy;
+  /** VK_STATE_DIR: the provenance ledger lives here (docs/security.md). */
+  stateDir: string;
+  /** VK_ACCEPT_UNSTAMPED_STATE: unstamped hibernate/latest state is the VM name's own. */
+  acceptUnstampedState: boolean;
   restoreMode: RestoreMode;
   tlsCert: string;
   tlsKey: string;
   tlsClientCA: string | undefined;
   kubeletPort: number;
   kubeletAuth: KubeletAuthMode;
+  /** Open kubelet API connections at most (VK_KUBELET_MAX_CONNECTIONS); more are closed. */
+  kubeletMaxConnections: number;
   /** `host:port` or `:port`; empty disables the metrics listener. */
   metricsAddr: string;
-  /** Serve /debug/pprof/profile and /debug/pprof/heap on the metrics listener. */
+  /** Serve /debug/pprof/profile and /debug/pprof/heap on the metrics listener (loopback only). */
   debugEndpoints: boolean;
+  /** Label the per-VM families with `vm` and `pod` (false: summed per namespace and backend). */
+  metricsVmLabels: boolean;
   reservePercent: number;
   nodeCpu: string | undefined;
   nodeMem: string | undefined;
@@ -69,6 +80,10 @@ export interface Config {
   snapshotZstdLevel: number;
   snapshotChunkSizeMiB: number;
   snapshotCpuClass: string | undefined;
+  /** VK_CLONE_FROM_DIR_ROOTS: where a pod's clone-from-dir may point; empty refuses it. */
+  cloneFromDirRoots: readonly string[];
+  /** VK_ALLOWED_NETWORKS and VK_NAMESPACE_NETWORKS: the networks a pod may name. */
+  networkPolicy: NetworkPolicy;
   /** Later-tier variables that were set: accepted and ignored, logged once at startup. */
   ignoredLaterTier: string[];
 }
@@ -107,7 +122,8 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_REGISTRY_PLAIN_HTTP',
     default: 'false',
-    meaning: 'plain HTTP to the registry (tests only; loopback is always plain)',
+    meaning:
+      'plain HTTP to the registry (tests only; loopback is always plain); credentials are never sent over it to a non-loopback host',
   },
   {
     name: 'GOOGLE_APPLICATION_CREDENTIALS',
@@ -134,7 +150,20 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_ORPHAN_POLICY',
     default: 'destroy',
-    meaning: 'VMs no pod claims at startup: destroy, alert or keep',
+    meaning:
+      'VMs no pod claims at startup: destroy, alert or keep (destroy removes only VMs the provenance ledger says vk-cocoon made)',
+  },
+  {
+    name: 'VK_STATE_DIR',
+    default: '/var/lib/vk-cocoon',
+    meaning:
+      "the daemon's own state: the provenance ledger (ledger.json, mode 0600) of the VMs and snapshots it made",
+  },
+  {
+    name: 'VK_ACCEPT_UNSTAMPED_STATE',
+    default: 'true',
+    meaning:
+      'wake or restore hibernated state that carries no owner stamp (pushed by Go hosts) for the pod whose VM name is its repository; false refuses it',
   },
   {
     name: 'VK_RESTORE_MODE',
@@ -156,7 +185,13 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'VK_KUBELET_AUTH',
     default: 'webhook',
-    meaning: 'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only)',
+    meaning:
+      'webhook (client certs, TokenReview, SubjectAccessReview) or none (tests only: needs a loopback VK_NODE_IP, the only address the API then listens on)',
+  },
+  {
+    name: 'VK_KUBELET_MAX_CONNECTIONS',
+    default: '256',
+    meaning: 'open kubelet API connections at most (exec streams included); more are closed at once',
   },
   {
     name: 'VK_METRICS_ADDR',
@@ -167,7 +202,13 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     name: 'VK_DEBUG_ENDPOINTS',
     default: 'false',
     meaning:
-      'true serves a CPU profile and a heap snapshot on the metrics listener (/debug/pprof/profile, /debug/pprof/heap)',
+      'true serves a CPU profile and a heap snapshot on the metrics listener (/debug/pprof/profile, /debug/pprof/heap); needs a loopback VK_METRICS_ADDR host',
+  },
+  {
+    name: 'VK_METRICS_VM_LABELS',
+    default: 'true',
+    meaning:
+      'label the per-VM cocoon_vk_vm_* families with vm and pod names; false sums them per namespace and backend',
   },
   {
     name: 'VK_RESERVE_PERCENT',
@@ -258,6 +299,24 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     default: '(unset)',
     meaning:
       'snapshot CPU class of this node: the cocoonstack.io/snapshot-cpu-class node label; a pod whose nodeSelector names another class is refused',
+  },
+  {
+    name: 'VK_CLONE_FROM_DIR_ROOTS',
+    default: '(unset)',
+    meaning:
+      'comma-separated directories; a pod may clone-from-dir only a path that resolves (symlinks followed) under ROOT/NAMESPACE/ of one of them; unset refuses clone-from-dir',
+  },
+  {
+    name: 'VK_ALLOWED_NETWORKS',
+    default: '(unset)',
+    meaning:
+      'comma-separated networks a pod may name in cocoonset.cocoonstack.io/network (namespaces not in VK_NAMESPACE_NETWORKS); unset: any',
+  },
+  {
+    name: 'VK_NAMESPACE_NETWORKS',
+    default: '(unset)',
+    meaning:
+      'networks per namespace, e.g. ns-a=net1|net2;ns-b=net3 (ns-c= allows only the default network); a listed namespace may name only its own list',
   },
   {
     name: 'VK_COCOON_MACOS_BIN',
@@ -381,6 +440,28 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
       `VK_METRICS_ADDR=${JSON.stringify(metricsAddr)}: expected host:port or :port (empty disables)`,
     );
   }
+  // The profile and heap endpoints hand out the daemon's memory (tokens, pod specs) to
+  // whoever can reach them, and the metrics listener has no authentication: they are served
+  // on a loopback listener only. An empty host (`:9091`) is every interface.
+  const debugEndpoints = bool('VK_DEBUG_ENDPOINTS', false);
+  if (debugEndpoints && metricsAddr !== '' && !isLoopbackHost(metricsAddr)) {
+    problems.push(
+      `VK_DEBUG_ENDPOINTS=true needs VK_METRICS_ADDR on a loopback host (127.0.0.1:port, [::1]:port or localhost:port), not ${JSON.stringify(metricsAddr)}: the debug endpoints hand out the daemon's memory without authentication`,
+    );
+  }
+  // Without authentication the kubelet API runs anything in any VM for anyone who reaches
+  // it: `none` is allowed only when the node IP the apiserver dials is loopback, and then
+  // the API listens on that address alone (src/main.ts) instead of every interface.
+  const kubeletAuth = oneOf<KubeletAuthMode>('VK_KUBELET_AUTH', 'webhook', ['webhook', 'none']);
+  if (kubeletAuth === 'none' && (nodeIP === undefined || !isLoopbackAddress(nodeIP))) {
+    problems.push(
+      `VK_KUBELET_AUTH=none needs VK_NODE_IP to be a loopback address (e.g. 127.0.0.1), not ${nodeIP === undefined ? '(unset: the first non-loopback IPv4)' : JSON.stringify(nodeIP)}: an unauthenticated kubelet API lets anyone who reaches it exec into every VM`,
+    );
+  }
+  const cloneDirRoots = parseCloneDirRoots(get('VK_CLONE_FROM_DIR_ROOTS'));
+  problems.push(...cloneDirRoots.problems);
+  const networks = parseNetworkPolicy(get('VK_ALLOWED_NETWORKS'), get('VK_NAMESPACE_NETWORKS'));
+  problems.push(...networks.problems);
   const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
   // Client-side write budgets (docs/decisions.md "Client rate limits"): an unset burst is
   // twice the rate (kubelet's 50/100); a burst below its rate is refused.
@@ -412,14 +493,18 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     cocoonRootDir: str('COCOON_ROOT_DIR', '/var/lib/cocoon'),
     cgroupParent: str('COCOON_CGROUP_PARENT', 'cocoon.slice'),
     orphanPolicy: oneOf<OrphanPolicy>('VK_ORPHAN_POLICY', 'destroy', ['destroy', 'alert', 'keep']),
+    stateDir: str('VK_STATE_DIR', '/var/lib/vk-cocoon'),
+    acceptUnstampedState: bool('VK_ACCEPT_UNSTAMPED_STATE', true),
     restoreMode: oneOf<RestoreMode>('VK_RESTORE_MODE', 'ondemand', ['copy', 'ondemand', 'mmap']),
     tlsCert: str('VK_TLS_CERT', '/etc/cocoon/vk/tls/vk-kubelet.crt'),
     tlsKey: str('VK_TLS_KEY', '/etc/cocoon/vk/tls/vk-kubelet.key'),
     tlsClientCA: optional('VK_TLS_CLIENT_CA'),
     kubeletPort: int('VK_KUBELET_PORT', 10250, 1, 65535),
-    kubeletAuth: oneOf<KubeletAuthMode>('VK_KUBELET_AUTH', 'webhook', ['webhook', 'none']),
+    kubeletAuth,
+    kubeletMaxConnections: int('VK_KUBELET_MAX_CONNECTIONS', 256, 1, 65_535),
     metricsAddr,
-    debugEndpoints: bool('VK_DEBUG_ENDPOINTS', false),
+    debugEndpoints,
+    metricsVmLabels: bool('VK_METRICS_VM_LABELS', true),
     reservePercent: int('VK_RESERVE_PERCENT', 20, 0, 100),
     nodeCpu: quantity('VK_NODE_CPU'),
     nodeMem: quantity('VK_NODE_MEM'),
@@ -443,6 +528,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     snapshotZstdLevel: int('SNAPSHOT_ZSTD_LEVEL', 0, 0, 22),
     snapshotChunkSizeMiB: int('SNAPSHOT_CHUNK_SIZE_MIB', 0, 0, 65_536),
     snapshotCpuClass,
+    cloneFromDirRoots: cloneDirRoots.roots,
+    networkPolicy: networks.policy,
     ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
   };
   if (problems.length > 0) {

@@ -7,6 +7,7 @@ import { createServer, type Server } from 'node:https';
 import type { Duplex } from 'node:stream';
 import type { V1Pod } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
+import { isLoopbackHost } from '../util/loopback.ts';
 import type { AuthDecision } from './auth.ts';
 import { type ContainerAccess, InvalidInputError, NotFoundError } from './ports.ts';
 import { parseExecQuery, parseLogQuery, podRoute } from './queries.ts';
@@ -29,19 +30,30 @@ export interface KubeletServerOptions {
   /** Optional extra routes (stats, resource metrics). */
   extraRoutes?: Record<string, (req: IncomingMessage, res: ServerResponse) => Promise<void>>;
   streamIdleTimeoutMs: number;
+  /** VK_KUBELET_MAX_CONNECTIONS: open connections at most; the next ones are closed at once. */
+  maxConnections?: number;
+  /** Called for every connection closed because `maxConnections` were open. */
+  onConnectionDropped?: () => void;
   log: Logger;
 }
+
+/** At most one warning a minute about connections dropped at the cap (a flood would
+ * otherwise turn into a flood of log lines). */
+const DROP_WARN_INTERVAL_MS = 60_000;
 
 function podList(items: V1Pod[]): string {
   return JSON.stringify({ kind: 'PodList', apiVersion: 'v1', metadata: {}, items });
 }
 
-function sendText(res: ServerResponse, status: number, text: string): void {
+function sendText(res: ServerResponse, status: number, text: string, retryAfterSeconds?: number): void {
   if (res.headersSent) {
     res.end();
     return;
   }
-  res.writeHead(status, { 'content-type': 'text/plain; charset=utf-8' });
+  res.writeHead(status, {
+    'content-type': 'text/plain; charset=utf-8',
+    ...(retryAfterSeconds === undefined ? {} : { 'retry-after': String(retryAfterSeconds) }),
+  });
   res.end(text);
 }
 
@@ -51,18 +63,20 @@ function errorStatus(err: unknown): number {
   return 500;
 }
 
-function rejectUpgrade(socket: Duplex, status: number, message: string): void {
+function rejectUpgrade(socket: Duplex, status: number, message: string, retryAfterSeconds?: number): void {
   const reason =
     {
       400: 'Bad Request',
       401: 'Unauthorized',
       403: 'Forbidden',
       404: 'Not Found',
+      429: 'Too Many Requests',
       500: 'Internal Server Error',
       501: 'Not Implemented',
     }[status] ?? 'Error';
+  const retry = retryAfterSeconds === undefined ? '' : `Retry-After: ${retryAfterSeconds}\r\n`;
   socket.end(
-    `HTTP/1.1 ${status} ${reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(message)}\r\nConnection: close\r\n\r\n${message}`,
+    `HTTP/1.1 ${status} ${reason}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: ${Buffer.byteLength(message)}\r\n${retry}Connection: close\r\n\r\n${message}`,
   );
 }
 
@@ -70,6 +84,8 @@ export class KubeletServer {
   readonly #o: KubeletServerOptions;
   readonly #server: Server;
   readonly #log: Logger;
+  #dropped = 0;
+  #dropWarnedAt = Number.NEGATIVE_INFINITY;
 
   constructor(opts: KubeletServerOptions) {
     this.#o = opts;
@@ -94,12 +110,39 @@ export class KubeletServer {
       (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.#upgrade(req, socket, head),
     );
     this.#server.on('tlsClientError', (err) => this.#log.debug({ err: err.message }, 'TLS client error'));
+    // The cap counts TCP connections before TLS: a client that opens sockets and never
+    // finishes a handshake (or holds exec streams open) cannot take the daemon's memory and
+    // file descriptors with it. Node closes a connection over the cap at once and says so.
+    if (opts.maxConnections !== undefined) this.#server.maxConnections = opts.maxConnections;
+    this.#server.on('drop', (data) => this.#onDrop(data?.remoteAddress));
+  }
+
+  #onDrop(remoteAddress: string | undefined): void {
+    this.#dropped++;
+    this.#o.onConnectionDropped?.();
+    const now = performance.now();
+    if (now - this.#dropWarnedAt < DROP_WARN_INTERVAL_MS) return;
+    this.#dropWarnedAt = now;
+    this.#log.warn(
+      { maxConnections: this.#o.maxConnections, droppedSoFar: this.#dropped, remoteAddress },
+      'kubelet API connection closed: VK_KUBELET_MAX_CONNECTIONS connections are open',
+    );
   }
 
   listen(): Promise<void> {
+    const host = this.#o.host ?? '0.0.0.0';
+    // Without authentication the API must not be reachable from another host: anyone
+    // could exec into every VM (VK_KUBELET_AUTH=none is for tests on loopback).
+    if (!this.#o.authorize && !isLoopbackHost(host)) {
+      return Promise.reject(
+        new Error(
+          `kubelet API without authentication (VK_KUBELET_AUTH=none) refuses to listen on ${host}: only a loopback address is allowed`,
+        ),
+      );
+    }
     return new Promise((resolve, reject) => {
       this.#server.once('error', reject);
-      this.#server.listen(this.#o.port, this.#o.host ?? '0.0.0.0', () => {
+      this.#server.listen(this.#o.port, host, () => {
         this.#server.off('error', reject);
         resolve();
       });
@@ -131,7 +174,7 @@ export class KubeletServer {
       }
       const decision = await this.#authorize(req);
       if (!decision.ok) {
-        sendText(res, decision.status, decision.message);
+        sendText(res, decision.status, decision.message, decision.retryAfterSeconds);
         return;
       }
       const method = req.method ?? 'GET';
@@ -224,7 +267,7 @@ export class KubeletServer {
     try {
       const decision = await this.#authorize(req);
       if (!decision.ok) {
-        rejectUpgrade(socket, decision.status, decision.message);
+        rejectUpgrade(socket, decision.status, decision.message, decision.retryAfterSeconds);
         return;
       }
       const first = url.pathname.split('/')[1] ?? '';
@@ -247,7 +290,18 @@ export class KubeletServer {
       const handler = (streams: Parameters<ContainerAccess['runInContainer']>[4]) =>
         this.#o.provider.runInContainer(route.namespace, route.pod, route.container, command, streams);
       const upgrade = String(req.headers.upgrade ?? '').toLowerCase();
-      this.#log.info({ pod: `${route.namespace}/${route.pod}`, command, transport: upgrade, tty }, 'exec');
+      // The fact of an exec, never its argv: a command line can carry secrets (passwords,
+      // tokens in curl headers) and logs are read by more people than the VM's owner.
+      this.#log.info(
+        {
+          pod: `${route.namespace}/${route.pod}`,
+          container: route.container,
+          user: decision.user.name,
+          transport: upgrade,
+          tty,
+        },
+        'exec',
+      );
       if (upgrade === 'websocket') handleWebSocketExec(req, socket, head, opts, handler);
       else handleSpdyExec(req, socket, head, opts, handler);
     } catch (err) {

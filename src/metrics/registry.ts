@@ -46,9 +46,15 @@ export interface PlainHistogram {
 
 export type VmLabel = 'vm' | 'pod' | 'namespace' | 'backend';
 export const VM_LABELS: readonly VmLabel[] = ['vm', 'pod', 'namespace', 'backend'];
+/** The labels of the per-VM families with VK_METRICS_VM_LABELS=false: no VM or pod name
+ * reaches the (unauthenticated) metrics listener; values are summed per namespace and backend. */
+export const AGGREGATE_VM_LABELS: readonly VmLabel[] = ['namespace', 'backend'];
 
 /** Per-VM families, set from the stats sample at scrape time (src/stats/collect.ts). */
 export interface VmMetrics {
+  /** True: one series per VM (`vm`, `pod`, `namespace`, `backend`); false: one per
+   * (`namespace`, `backend`), the sum of its VMs. */
+  perVm: boolean;
   cpuSeconds: Counter<VmLabel>;
   cpuThrottledSeconds: Counter<VmLabel>;
   cpuThrottledPeriods: Counter<VmLabel>;
@@ -128,6 +134,8 @@ export const SNAPSHOT_DURATION_BUCKETS: readonly number[] = [1, 2, 5, 10, 20, 30
 export interface CreateMetricsOptions {
   /** Logs a failing collect hook (the scrape still answers, with the previous values). */
   log?: Logger;
+  /** VK_METRICS_VM_LABELS (default true): label the per-VM families with VM and pod names. */
+  vmLabels?: boolean;
 }
 
 /** Creates a fresh registry with every docs/metrics.md "`cocoon_vk_*` families" family. */
@@ -173,6 +181,8 @@ export function createMetrics(options: CreateMetricsOptions = {}): Metrics {
     new Gauge<L>({ name, help, labelNames, registers, collect: refresh });
 
   const none: readonly never[] = [];
+  const perVm = options.vmLabels ?? true;
+  const vmLabels = perVm ? VM_LABELS : AGGREGATE_VM_LABELS;
 
   return {
     registry,
@@ -310,36 +320,37 @@ export function createMetrics(options: CreateMetricsOptions = {}): Metrics {
     ),
 
     vm: {
-      cpuSeconds: sampledCounter('cocoon_vk_vm_cpu_seconds_total', 'CPU time consumed by the VM.', VM_LABELS),
+      perVm,
+      cpuSeconds: sampledCounter('cocoon_vk_vm_cpu_seconds_total', 'CPU time consumed by the VM.', vmLabels),
       cpuThrottledSeconds: sampledCounter(
         'cocoon_vk_vm_cpu_throttled_seconds_total',
         'Time the VM was CPU throttled by its cgroup.',
-        VM_LABELS,
+        vmLabels,
       ),
       cpuThrottledPeriods: sampledCounter(
         'cocoon_vk_vm_cpu_throttled_periods_total',
         'CFS periods in which the VM was CPU throttled.',
-        VM_LABELS,
+        vmLabels,
       ),
       memoryRssBytes: sampledGauge(
         'cocoon_vk_vm_memory_rss_bytes',
         'Resident memory of the VM process.',
-        VM_LABELS,
+        vmLabels,
       ),
       diskCowBytes: sampledGauge(
         'cocoon_vk_vm_disk_cow_bytes',
         'Bytes allocated by the VM copy-on-write disk (overlay.qcow2 or cow.raw).',
-        VM_LABELS,
+        vmLabels,
       ),
       networkRxBytes: sampledCounter(
         'cocoon_vk_vm_network_rx_bytes_total',
         'Bytes received by the VM on its TAP devices (best effort).',
-        VM_LABELS,
+        vmLabels,
       ),
       networkTxBytes: sampledCounter(
         'cocoon_vk_vm_network_tx_bytes_total',
         'Bytes sent by the VM on its TAP devices (best effort).',
-        VM_LABELS,
+        vmLabels,
       ),
     },
     node: {

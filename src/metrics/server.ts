@@ -10,6 +10,7 @@ import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { getHeapSnapshot } from 'node:v8';
 import type { Logger } from '../log.ts';
+import { isLoopbackHost } from '../util/loopback.ts';
 
 export interface ListenAddress {
   /** `undefined`: every interface (the `:port` form). */
@@ -60,6 +61,12 @@ export async function startMetricsServer(options: MetricsServerOptions): Promise
     options.log.info('metrics listener disabled (VK_METRICS_ADDR is empty)');
     return undefined;
   }
+  // The configuration refuses this already (src/config/env.ts); the listener checks again so
+  // no other caller can put a heap snapshot on every interface.
+  if (options.debugEndpoints && (listen.host === undefined || !isLoopbackHost(listen.host)))
+    throw new Error(
+      `VK_DEBUG_ENDPOINTS=true needs VK_METRICS_ADDR on a loopback host, not ${JSON.stringify(options.addr)}`,
+    );
   const debug = options.debugEndpoints ? new DebugEndpoints(options.log) : undefined;
   const server: Server = createServer((req, res) => {
     void handle(options, debug, req, res);

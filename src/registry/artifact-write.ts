@@ -25,6 +25,10 @@ export const ANNOTATION = {
   /** TS addition: the namespace of the pod whose VM was saved (outside the reserved prefix, so
    * it travels as a caller annotation; readers that do not know it ignore it). */
   namespace: 'vm.cocoonstack.io/namespace',
+  /** Owner stamps beside the namespace (docs/security.md, "Registry stamps"). */
+  controllerUid: 'vm.cocoonstack.io/controller-uid',
+  pod: 'vm.cocoonstack.io/pod',
+  podUid: 'vm.cocoonstack.io/pod-uid',
 } as const;
 
 /** Caller annotations may not use this prefix: it is the provider's own. */

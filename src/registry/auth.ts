@@ -1,7 +1,9 @@
 /**
  * Registry authentication, pure parts (docs/registry.md "Authentication"): `WWW-Authenticate` challenges, the
- * token endpoint's answer, scopes, Basic headers and docker config credentials.
+ * token endpoint's answer, scopes, Basic headers, docker config credentials and the
+ * plain-HTTP credential rule.
  */
+import { isLoopbackHost } from '../util/loopback.ts';
 
 /** One challenge of a `WWW-Authenticate` header; the scheme is lower-cased. */
 export interface Challenge {
@@ -136,6 +138,18 @@ export function parseTokenResponse(body: string): BearerToken {
 export function tokenExpiresAt(nowMs: number, expiresInSeconds: number): number {
   const lifetimeMs = expiresInSeconds * 1000;
   return nowMs + lifetimeMs - Math.min(30_000, lifetimeMs / 10);
+}
+
+/**
+ * The plain-HTTP credential rule (docs/registry.md "Authentication"): a credential of ours
+ * (Basic, or the bearer token it buys) never travels over plain HTTP to a host that is not
+ * loopback (src/util/loopback.ts), where anyone on the path reads it. `scheme` is `http` or
+ * `https` (a URL protocol's trailing `:` is accepted); `host` is `host[:port]`. Returns the
+ * refusal, naming the host and the rule, or `undefined` when sending is fine.
+ */
+export function plainHttpCredentialRefusal(scheme: string, host: string, what: string): string | undefined {
+  if (scheme.replace(/:$/, '') !== 'http' || isLoopbackHost(host)) return undefined;
+  return `${what}: refusing to send registry credentials over plain HTTP to ${host}: credentials go over plain HTTP only to a loopback host (127.0.0.0/8, ::1, localhost); use https:// for ${host}, or remove its credentials for anonymous access`;
 }
 
 /** `Basic <base64(user:password)>`. */

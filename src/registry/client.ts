@@ -44,6 +44,7 @@ import {
   type Challenge,
   parseTokenResponse,
   parseWwwAuthenticate,
+  plainHttpCredentialRefusal,
   repositoryScope,
   tokenExpiresAt,
   tokenUrl,
@@ -322,6 +323,13 @@ export class RegistryClient {
     this.#origin = registryOrigin(this.base);
     this.#log = (opts.log ?? silentLogger).child({ module: 'registry', registry: this.base.host });
     this.#credentials = opts.credentials ?? defaultCredentialSources(process.env, this.#log);
+    if (plainHttpCredentialRefusal(this.base.scheme, this.base.host, '') !== undefined) {
+      // Said once at startup, so an operator learns it before the first 401 does.
+      this.#log.warn(
+        { host: this.base.host },
+        'registry is plain HTTP on a non-loopback host: anonymous access only, credentials will be refused',
+      );
+    }
     this.#idleTimeoutMs = opts.idleTimeoutMs ?? 120_000;
     const maxFreeSockets = opts.maxIdleSockets ?? 32;
     this.#httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets });
@@ -927,6 +935,14 @@ export class RegistryClient {
     return `${repository}|${[...actions].sort().join(',')}`;
   }
 
+  /** Throws when a credential would go over plain HTTP to a non-loopback host (auth.ts). */
+  #refusePlainHttp(scheme: string, host: string, what: string): void {
+    const refusal = plainHttpCredentialRefusal(scheme, host, what);
+    if (refusal === undefined) return;
+    this.#log.error({ host, rule: 'no credentials over plain HTTP to a non-loopback host' }, refusal);
+    throw new RegistryError('auth', refusal);
+  }
+
   /** The Authorization header for a request, per the last challenge (none before any 401). */
   async #authorization(
     repository: string,
@@ -937,7 +953,9 @@ export class RegistryClient {
     if (!challenge) return undefined;
     if (challenge.scheme === 'basic') {
       const cred = await lookupCredential(this.#credentials, this.base.host);
-      return cred ? basicAuthorization(cred) : undefined;
+      if (!cred) return undefined;
+      this.#refusePlainHttp(this.base.scheme, this.base.host, 'Basic credentials');
+      return basicAuthorization(cred);
     }
     return `Bearer ${await this.#token(challenge, repository, actions, signal)}`;
   }
@@ -978,6 +996,13 @@ export class RegistryClient {
       throw new RegistryError('auth', `token realm ${url.host} is plain HTTP for an HTTPS registry; refused`);
     }
     const cred = await lookupCredential(this.#credentials, this.base.host);
+    if (cred) {
+      // Neither the credential to the realm nor the token it buys to the registry over plain
+      // HTTP to a non-loopback host. An anonymous token (no credential) carries no secret of
+      // ours and is not refused.
+      this.#refusePlainHttp(url.protocol, url.host, `token realm ${url.host}`);
+      this.#refusePlainHttp(this.base.scheme, this.base.host, 'a bearer token obtained with credentials');
+    }
     const headers: Record<string, string> = {
       'user-agent': `vk-cocoon/${VERSION}`,
       accept: 'application/json',

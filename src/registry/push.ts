@@ -312,6 +312,8 @@ export interface SnapshotIdentity {
   fromNode: string;
   /** `vm.cocoonstack.io/namespace` (`''` when absent: an older writer, the Go daemon). */
   namespace: string;
+  /** `vm.cocoonstack.io/controller-uid` (`''` when absent). */
+  controllerUid: string;
 }
 
 /**
@@ -342,6 +344,7 @@ export async function readSnapshotIdentity(
     baseImage: a[ANNOTATION.baseImage] ?? '',
     fromNode: a[ANNOTATION.fromNode] ?? '',
     namespace: a[ANNOTATION.namespace] ?? '',
+    controllerUid: a[ANNOTATION.controllerUid] ?? '',
   };
 }
 

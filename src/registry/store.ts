@@ -39,6 +39,9 @@ export class RegistrySnapshotStore {
     baseImage: string;
     fromNode?: string;
     namespace?: string;
+    controllerUid?: string;
+    pod?: string;
+    podUid?: string;
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
@@ -48,6 +51,11 @@ export class RegistrySnapshotStore {
   }
 
   #push(args: Parameters<RegistrySnapshotStore['push']>[0]) {
+    const stamps: Record<string, string> = {};
+    if (args.namespace) stamps[ANNOTATION.namespace] = args.namespace;
+    if (args.controllerUid) stamps[ANNOTATION.controllerUid] = args.controllerUid;
+    if (args.pod) stamps[ANNOTATION.pod] = args.pod;
+    if (args.podUid) stamps[ANNOTATION.podUid] = args.podUid;
     return pushSnapshot({
       registry: this.#o.registry,
       cli: this.#o.cli,
@@ -56,7 +64,7 @@ export class RegistrySnapshotStore {
       tag: args.tag,
       baseImage: args.baseImage,
       fromNode: args.fromNode,
-      annotations: args.namespace ? { [ANNOTATION.namespace]: args.namespace } : undefined,
+      annotations: Object.keys(stamps).length > 0 ? stamps : undefined,
       concurrency: this.#o.concurrency,
       spoolDir: this.#o.spoolDir,
       signal: this.#signal(args.signal),

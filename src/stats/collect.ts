@@ -7,7 +7,10 @@ import type { Sample } from './types.ts';
  * Replaces the sampled families' values with those of `sample`. Families are reset first, so
  * VMs that are no longer tracked disappear from the next scrape. The cumulative families are
  * Prometheus counters whose value is the kernel's counter (a restarted VM resets it, which
- * Prometheus handles as a counter reset).
+ * Prometheus handles as a counter reset). Without per-VM labels (VK_METRICS_VM_LABELS=false)
+ * every series is the sum over the VMs of one namespace and backend, so gauges are added
+ * (`inc` after the reset) rather than set; a VM that goes away lowers such a counter, which
+ * Prometheus also reads as a reset.
  */
 export function applySample(m: { vm: VmMetrics; node: NodeMetrics }, sample: Sample): void {
   const v = m.vm;
@@ -23,17 +26,14 @@ export function applySample(m: { vm: VmMetrics; node: NodeMetrics }, sample: Sam
   v.memoryRssBytes.reset();
   v.diskCowBytes.reset();
   for (const s of sample.vms) {
-    const labels: Record<VmLabel, string> = {
-      vm: s.vm.vmName,
-      pod: s.vm.pod,
-      namespace: s.vm.namespace,
-      backend: s.vm.backend,
-    };
+    const labels: Partial<Record<VmLabel, string>> = v.perVm
+      ? { vm: s.vm.vmName, pod: s.vm.pod, namespace: s.vm.namespace, backend: s.vm.backend }
+      : { namespace: s.vm.namespace, backend: s.vm.backend };
     v.cpuSeconds.inc(labels, s.cpuUsageUsec / 1e6);
     v.cpuThrottledSeconds.inc(labels, s.throttledUsec / 1e6);
     v.cpuThrottledPeriods.inc(labels, s.throttledPeriods);
-    v.memoryRssBytes.set(labels, s.rssBytes);
-    v.diskCowBytes.set(labels, s.cowBytes);
+    v.memoryRssBytes.inc(labels, s.rssBytes);
+    v.diskCowBytes.inc(labels, s.cowBytes);
     v.networkRxBytes.inc(labels, s.rxBytes);
     v.networkTxBytes.inc(labels, s.txBytes);
   }

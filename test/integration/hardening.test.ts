@@ -304,7 +304,7 @@ describe('decisions that must always be possible', () => {
     assert.equal(q.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-observed-generation'], '3');
   });
 
-  test('a clone whose follow-up inspect failed, or whose name is already taken by an unclaimed VM, is adopted', async () => {
+  test('a clone whose follow-up inspect failed is adopted; a name taken by a VM vk-cocoon did not make is refused and the VM kept', async () => {
     await w.simulator.mergeKnobs({
       quirks: { clonePidZero: true },
       faults: [
@@ -319,11 +319,20 @@ describe('decisions that must always be possible', () => {
     } finally {
       await w.simulator.mergeKnobs({ quirks: { clonePidZero: false }, faults: null });
     }
+    // A VM made on the host outside Kubernetes is never bound to a managed pod that names it
+    // (docs/security.md, rule adopt-unowned), and deleting that pod leaves it alone.
     const takenId = await cloneByHand('vk-h-taken');
     await create('taken-0', MANAGED('vk-h-taken'));
-    const t = await waitState('taken-0', 'ready');
-    assert.equal(t.metadata?.annotations?.['vm.cocoonstack.io/id'], takenId);
-    assert.equal((await simVms()).filter((v) => v.name === 'vk-h-taken').length, 1);
+    const t = await waitState('taken-0', 'failed');
+    assert.match(message(t), /rule adopt-unowned/);
+    assert.equal(t.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '', '');
+    await w.core.deleteNamespacedPod({ namespace: w.namespace, name: 'taken-0' });
+    await waitForPodGone(w.core, w.namespace, 'taken-0');
+    assert.deepEqual(
+      (await simVms()).filter((v) => v.name === 'vk-h-taken').map((v) => v.id),
+      [takenId],
+      'the host VM survives',
+    );
   });
 
   test('a replacement VM gets its own fixup: the previous VM`s done marker does not skip it', async () => {

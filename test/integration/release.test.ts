@@ -182,6 +182,7 @@ test('started from outside the checkout against the ground, it brings the exampl
       COCOON_SIM_ROOT: w.simRoot,
       VK_LEASES_PATH: w.leasesPath,
       COCOON_SIM_LEASES: w.leasesPath,
+      VK_STATE_DIR: join(w.simRoot, 'vk-state'),
       VK_COCOON_NET_CONTROL_SOCKET: '',
       VK_TLS_CERT: join(w.simRoot, 'no-such-cert.crt'),
       VK_TLS_KEY: join(w.simRoot, 'no-such-cert.key'),

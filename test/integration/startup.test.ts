@@ -1,6 +1,7 @@
-// Startup reconcile (pod-to-vm.md §6): runs before the node takes work; adopts VMs by ID
-// and by name, applies the orphan policy, and indexes kept orphans for adoption by the next
-// CreatePod with that VM name.
+// Startup reconcile (docs/contracts/pod-to-vm.md, "Startup reconcile"): runs before the node
+// takes work; adopts VMs by ID and by name only as the provenance ledger allows, applies the
+// orphan policy to what vk-cocoon made (a hand-made VM is never destroyed nor adopted), and
+// indexes kept orphans for adoption by the next CreatePod of the same identity.
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { vmPod, waitForPod } from '../../ground/kube.ts';
@@ -42,31 +43,57 @@ before(async () => {
   await fixture(w, 'acme/agent', 'linux');
 });
 
-test('orphan policy destroy (default) removes unclaimed VMs; a pod without an id is adopted by VM name', async () => {
-  const orphanId = await cloneByHand('vk-st-orphan-1');
-  const adoptId = await cloneByHand('vk-st-adopt-1');
+test('orphan policy destroy (default) removes only VMs vk-cocoon made; a hand-made VM is kept and never adopted by name', async () => {
+  // A VM made on the host by hand is not vk-cocoon's (no provenance ledger entry): kept and
+  // counted, and a managed pod naming it is refused, never bound to it (docs/security.md).
+  const handId = await cloneByHand('vk-st-orphan-1');
+  const namedId = await cloneByHand('vk-st-adopt-1');
   await w.core.createNamespacedPod({
     namespace: w.namespace,
     body: vmPod('adopt-1', w.nodeName, annotations('vk-st-adopt-1')),
   });
-  const clonesBefore = clones('vk-st-adopt-1');
   await w.restart();
-  const p = await waitForPod(w.core, w.namespace, 'adopt-1', 'ready', (x) => lifecycle(x) === 'ready');
-  assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/id'], adoptId, 'adopted the existing VM');
-  assert.equal(clones('vk-st-adopt-1'), clonesBefore, 'no second clone');
+  const p = await waitForPod(w.core, w.namespace, 'adopt-1', 'failed', (x) => lifecycle(x) === 'failed');
+  assert.match(
+    p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '',
+    /rule adopt-unowned/,
+  );
+  assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '', '', 'not bound');
   const names = await simVmNames();
-  assert.ok(!names.includes('vk-st-orphan-1'), 'orphan destroyed');
-  assert.ok(cliCalls(w).some((c) => c.argv.join(' ') === `vm rm --force ${orphanId}`));
-  assert.equal(await metric('cocoon_vk_reconcile_adopt_by_name_total'), 1);
+  assert.ok(names.includes('vk-st-orphan-1'), 'a hand-made orphan is kept under destroy');
+  assert.ok(names.includes('vk-st-adopt-1'), 'the named hand-made VM is kept');
+  assert.ok(!cliCalls(w).some((c) => c.argv.join(' ') === `vm rm --force ${handId}`));
+  assert.ok(!cliCalls(w).some((c) => c.argv.join(' ') === `vm rm --force ${namedId}`));
+  assert.equal(await metric('cocoon_vk_reconcile_adopt_by_name_total'), 0);
+  // A VM vk-cocoon made whose pod went away while the daemon was down is its to destroy.
+  await w.core.createNamespacedPod({
+    namespace: w.namespace,
+    body: vmPod('made-1', w.nodeName, annotations('vk-st-made-1')),
+  });
+  const made = await waitForPod(w.core, w.namespace, 'made-1', 'ready', (x) => lifecycle(x) === 'ready');
+  const madeId = made.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '';
+  await w.daemon.kill();
+  await w.core.deleteNamespacedPod({ namespace: w.namespace, name: 'made-1', gracePeriodSeconds: 0 });
+  await w.restart();
+  assert.ok(!(await simVmNames()).includes('vk-st-made-1'), 'its own orphan destroyed');
+  assert.ok(cliCalls(w).some((c) => c.argv.join(' ') === `vm rm --force ${madeId}`));
+  assert.ok((await simVmNames()).includes('vk-st-orphan-1'), 'the hand-made one still kept');
 });
 
-test('orphan policy alert keeps and counts the VM; the next CreatePod with its name adopts it', async () => {
+test('orphan policy alert keeps and counts the VM; its own pod adopts it back by name', async () => {
+  await w.core.createNamespacedPod({
+    namespace: w.namespace,
+    body: vmPod('adopt-2', w.nodeName, annotations('vk-st-orphan-2')),
+  });
+  const first = await waitForPod(w.core, w.namespace, 'adopt-2', 'ready', (x) => lifecycle(x) === 'ready');
+  const orphanId = first.metadata?.annotations?.['vm.cocoonstack.io/id'] ?? '';
   await w.daemon.kill();
-  const orphanId = await cloneByHand('vk-st-orphan-2');
+  await w.core.deleteNamespacedPod({ namespace: w.namespace, name: 'adopt-2', gracePeriodSeconds: 0 });
   await w.restart({ VK_ORPHAN_POLICY: 'alert' });
   assert.ok((await simVmNames()).includes('vk-st-orphan-2'), 'kept');
-  assert.equal(await metric('cocoon_vk_orphan_vm_total'), 1);
+  assert.ok((await metric('cocoon_vk_orphan_vm_total')) >= 1);
   const clonesBefore = clones('vk-st-orphan-2');
+  // The same identity (namespace, VM name, no controller) comes back: it adopts its VM.
   await w.core.createNamespacedPod({
     namespace: w.namespace,
     body: vmPod('adopt-2', w.nodeName, annotations('vk-st-orphan-2')),
@@ -82,6 +109,6 @@ test('orphan policy keep keeps the VM silently; a ready pod survives the restart
   await w.restart({ VK_ORPHAN_POLICY: 'keep' });
   assert.ok((await simVmNames()).includes('vk-st-orphan-3'));
   assert.equal(await metric('cocoon_vk_orphan_vm_total'), 0);
-  const p = await w.core.readNamespacedPod({ namespace: w.namespace, name: 'adopt-1' });
+  const p = await w.core.readNamespacedPod({ namespace: w.namespace, name: 'adopt-2' });
   assert.equal(lifecycle(p), 'ready');
 });

@@ -143,6 +143,28 @@ const RECOVERY: Readonly<Record<string, Entry>> = {
       ],
     }),
   },
+  CloneFromDirRefused: {
+    decides: true,
+    advice: (c) => ({
+      meaning:
+        "the pod's vm.cocoonstack.io/clone-from-dir does not resolve under ROOT/<its namespace>/ of a root in VK_CLONE_FROM_DIR_ROOTS (or the setting is unset): it never gets a VM",
+      steps: [
+        "Put the snapshot export under a root of VK_CLONE_FROM_DIR_ROOTS in the directory of the pod's namespace (symlinks must resolve inside it too), and point the annotation there; the message lists the allowed places",
+        `Changing the annotation runs a new attempt at once; otherwise: ${recreateStep(c)}`,
+      ],
+    }),
+  },
+  NetworkRefused: {
+    decides: true,
+    advice: (c) => ({
+      meaning:
+        "the pod's cocoonset.cocoonstack.io/network is not on the node's allow-list (VK_NAMESPACE_NETWORKS for its namespace, else VK_ALLOWED_NETWORKS): it never gets a VM",
+      steps: [
+        'Name a network the message lists, or remove the annotation for the default network',
+        `Changing the annotation runs a new attempt at once; otherwise: ${recreateStep(c)}`,
+      ],
+    }),
+  },
   CreateAdoptInspectFailed: {
     decides: false,
     advice: (c) => ({
@@ -246,6 +268,16 @@ const RECOVERY: Readonly<Record<string, Entry>> = {
       meaning:
         'a pod with a snapshot policy was deleted on a node without a registry: its VM was removed without a :latest snapshot',
       steps: ['Set OCI_REGISTRY on the node if delete-time snapshots are wanted'],
+    }),
+  },
+  SnapshotPushRefused: {
+    decides: false,
+    advice: () => ({
+      meaning:
+        'the delete-time snapshot was not written: the local name or the registry tag belongs to another identity or is a base image vk-cocoon did not write (docs/security.md); the VM was removed without it',
+      steps: [
+        'Give the pod a vm.cocoonstack.io/name that no base image, other tenant or host VM uses, so its delete-time snapshot has a place of its own',
+      ],
     }),
   },
   PostCloneExecAttemptFailed: {

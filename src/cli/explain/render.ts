@@ -1,4 +1,11 @@
 // The one-screen text of an explain report (and its JSON). Pure.
+//
+// Most of what it prints was written by someone else: annotations, messages and hints by the
+// pod author or the guest, event text by anyone who can create events. Every such piece goes
+// through escapeControls (util/text.ts) before it reaches the screen, so an escape sequence
+// in an annotation (`\x1b]0;pwned\x07`, `\x1b[2J`) is shown, never obeyed, and a newline in
+// it cannot forge a line of the report: the only newlines are the ones put here.
+import { escapeControls, escapeJsonForTerminal } from '../../util/text.ts';
 import type { ExplainReport } from './facts.ts';
 import { duration } from './verdict.ts';
 
@@ -6,7 +13,8 @@ const WIDTH = 120;
 const LABEL = 11;
 
 const cut = (s: string, n: number) => (s.length <= n ? s : `${s.slice(0, Math.max(0, n - 1))}…`);
-const oneLine = (s: string) => s.replace(/\s*\n\s*/g, ' ⏎ ');
+/** A foreign multi-line text on one line (its newlines shown as ⏎), escaped. */
+const oneLine = (s: string) => escapeControls(s.replace(/\s*\n\s*/g, ' ⏎ '));
 
 /** `HH:MM:SS` of an ISO time, with the date when it is not today's (UTC). */
 function clock(iso: string | null, now: Date): string {
@@ -25,6 +33,7 @@ function wrap(text: string, first: string, rest: string): string[] {
   const out: string[] = [];
   let line = '';
   let prefix = first;
+  text = escapeControls(text);
   // Words (a backquoted command is one word) and the runs of spaces between them, kept as
   // they are (fields are separated by two spaces); a line breaks only at a run of spaces.
   for (const part of text.match(/(?:`[^`]*`|`|[^ `])+| +/g) ?? []) {
@@ -42,7 +51,8 @@ function wrap(text: string, first: string, rest: string): string[] {
 /** `text` after a label column; continuation lines are indented under the text. */
 const field = (label: string, text: string) => wrap(text, label.padEnd(LABEL), ' '.repeat(LABEL));
 
-function list(lines: readonly string[], indent: string, max: number): string[] {
+function list(raw: readonly string[], indent: string, max: number): string[] {
+  const lines = raw.map(escapeControls);
   if (lines.length <= max) return lines.map((l) => `${indent}${l}`);
   const head = Math.ceil((max - 1) / 2);
   const tail = max - 1 - head;
@@ -104,7 +114,7 @@ function vmLine(r: ExplainReport): string {
 export function renderText(r: ExplainReport, now: Date): string {
   const out: string[] = [];
   const p = r.pod;
-  out.push(`vk-cocoon explain ${p.namespace}/${p.name}`);
+  out.push(escapeControls(`vk-cocoon explain ${p.namespace}/${p.name}`));
   if (p.found) {
     const node = r.node ? `${p.node} (Ready=${r.node.ready ?? 'unknown'})` : (p.node ?? '—');
     out.push(
@@ -156,9 +166,9 @@ export function renderText(r: ExplainReport, now: Date): string {
       out.push(
         `${' '.repeat(LABEL)}hint, the exact guest commands (${pc.hint.startsWith('powershell ') ? 'one command' : 'sh -c script'}):`,
       );
-      out.push(...pc.hint.split('\n').map((l) => `${' '.repeat(LABEL)}  ${l}`));
+      out.push(...pc.hint.split('\n').map((l) => `${' '.repeat(LABEL)}  ${escapeControls(l)}`));
     }
-    if (pc.hintError) out.push(`${' '.repeat(LABEL)}hint unreadable: ${pc.hintError}`);
+    if (pc.hintError) out.push(`${' '.repeat(LABEL)}hint unreadable: ${oneLine(pc.hintError)}`);
   }
   out.push(
     ...field(
@@ -184,5 +194,5 @@ export function renderText(r: ExplainReport, now: Date): string {
 }
 
 export function renderJson(r: ExplainReport): string {
-  return `${JSON.stringify(r, null, 2)}\n`;
+  return `${escapeJsonForTerminal(JSON.stringify(r, null, 2))}\n`;
 }

@@ -16,7 +16,9 @@ import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
 import { localSnapshotName, splitCloneImage } from '../../vmspec/snapshot-name.ts';
+import { AuthorityError, checkLocalSource, checkRegistrySource, enforce } from './authority.ts';
 import type { ProviderContext, SnapshotPuller } from './context.ts';
+import type { PodRecord } from './state.ts';
 
 export interface BringUpResult {
   vm: VmRecord;
@@ -46,15 +48,20 @@ export class SettleError extends Error {
  * answer) are retried on a backoff schedule; a conclusive answer (not found, name taken,
  * input refused, manifest absent) is permanent (docs/decisions.md, "Create failures"). */
 export function isTransientCreateError(err: unknown): boolean {
-  if (err instanceof BringUpError || err instanceof ArgvError) return false;
+  if (err instanceof BringUpError || err instanceof ArgvError || err instanceof AuthorityError) return false;
   if (err instanceof CocoonCommandError)
     return err.errorClass === 'inconclusive' || err.errorClass === 'agent_not_up';
   if (err instanceof SnapshotPullError) return !err.absent;
   return true;
 }
 
+/** Clone of the pod's image: the local snapshot, else pulled from the registry. Either way
+ * the source must not belong to another namespace (docs/security.md, rules local source and
+ * registry source): the ledger decides for a local copy, the manifest's stamp (read before
+ * anything is pulled) for the registry, and a pulled copy is ledgered under that stamp. */
 export async function cloneBringUp(
   ctx: ProviderContext,
+  rec: PodRecord,
   spec: VMSpec,
   puller: SnapshotPuller | undefined,
   log: Logger,
@@ -64,13 +71,24 @@ export async function cloneBringUp(
   let snap = await inspectSnapshot(ctx.cli, local, undefined);
   if (!snap) {
     if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
+    enforce(checkLocalSource(ctx, rec, local)); // a reserved name is never pulled for a pod
+    let stamp = '';
+    if (ctx.store) {
+      const id = await ctx.store.identity(repo, tag, AbortSignal.timeout(SHORT_TIMEOUT_MS));
+      if (id !== 'absent') {
+        enforce(checkRegistrySource(rec, `${repo}:${tag}`, id));
+        stamp = id.namespace ?? '';
+      }
+    }
     log.info({ snapshot: local, repo, tag }, 'clone source missing locally; pulling it from the registry');
     // A delete aborts the wait (the pull itself goes on for whoever else needs it).
     const signal = currentOpSignal();
     await untilAborted(Promise.resolve(puller.ensure(spec.image, { log, signal })), signal);
     snap = await inspectSnapshot(ctx.cli, local, undefined);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
+    await ctx.ledger.recordPulled(local, snap.id, stamp);
   }
+  enforce(checkLocalSource(ctx, rec, local));
   // Admission counts the next clones of this source at its saved size (admit.ts).
   const size = recordFootprint(snap.cpus, snap.memoryBytes);
   if (size) ctx.sourceSizes.set(local, size);

@@ -3,6 +3,7 @@
 // helpers all of them use. The write paths live in publication/; records change only
 // through the mutators of state.ts.
 import type { V1Pod } from '@kubernetes/client-node';
+import type { Ledger } from '../../authority/ledger.ts';
 import type { SnapshotRecord, VmRecord } from '../../cocoon/records.ts';
 import type { CocoonCli } from '../../cocoon/runner.ts';
 import type { Config } from '../../config/env.ts';
@@ -52,6 +53,8 @@ export interface SnapshotIdentity {
   readonly fromNode: string;
   /** The namespace of the pod that pushed it (`vm.cocoonstack.io/namespace`); `''` when absent. */
   readonly namespace?: string;
+  /** The pushing pod's controller UID (`vm.cocoonstack.io/controller-uid`); `''` when absent. */
+  readonly controllerUid?: string;
 }
 
 /** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push flow",
@@ -66,6 +69,10 @@ export interface SnapshotStore {
     fromNode?: string;
     /** Stamped on the manifest: only a pod of this namespace restores it. */
     namespace?: string;
+    /** Owner stamps beside the namespace (docs/security.md): controller UID, pod, pod UID. */
+    controllerUid?: string;
+    pod?: string;
+    podUid?: string;
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }>;
@@ -102,6 +109,8 @@ export interface ProviderDeps {
   /** The node's allocatable pods, cpu and memory (the node object's figures): CreatePod
    * admission counts against it (admit.ts). Unset: only VK_NODE_PODS is checked. */
   allocatable?: Allocatable;
+  /** The provenance ledger: who each VM and snapshot the daemon made belongs to. */
+  ledger: Ledger;
 }
 
 export interface ProviderContext extends ProviderDeps {

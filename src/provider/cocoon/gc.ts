@@ -100,7 +100,14 @@ export async function runSnapshotGc(ctx: ProviderContext): Promise<GcResult | un
     log.warn({ err: errText(err) }, 'snapshot GC: cannot list local snapshots; nothing removed');
     return undefined;
   }
-  const plan = planGc(local, usedSnapshots(ctx.pods.values()));
+  const all = planGc(local, usedSnapshots(ctx.pods.values()));
+  // Only what vk-cocoon wrote is collected (docs/security.md): a `vk-*` snapshot the ledger
+  // does not list (a base image, a host's) is never removed.
+  const written = (name: string) => {
+    const entry = ctx.ledger.snapshot(name);
+    return entry !== undefined && entry.origin !== 'pulled';
+  };
+  const plan = { ...all, candidates: all.candidates.filter((s) => written(s.name)) };
   const result: GcResult = { removed: [], current: [], used: [...plan.used], errors: [] };
   // Right before a removal the tracked pods are read again: a pod claimed (or a wake started)
   // since the plan keeps what it uses.

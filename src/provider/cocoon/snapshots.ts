@@ -2,12 +2,15 @@
 // "Hibernate" step 3, "Fork-from", "Delete with a snapshot policy"), and the index of the
 // names known to exist, so a bring-up checks for a stale `fork-<vmName>` without a cocoon
 // call (docs/decisions.md, "Hibernate and wake").
+import type { LedgerPod } from '../../authority/ledger.ts';
+import type { Owner } from '../../authority/owner.ts';
 import { snapshotListArgv, snapshotRemoveArgv, snapshotSaveArgv } from '../../cocoon/argv.ts';
 import { snapshotHolder } from '../../cocoon/errors.ts';
-import { parseSnapshotList } from '../../cocoon/records.ts';
+import { parseSnapshotList, type SnapshotRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
 import type { Logger } from '../../log.ts';
 import { pause } from '../../util/deadline.ts';
+import { checkSnapshotWrite, enforce } from './authority.ts';
 import type { ProviderContext } from './context.ts';
 
 /** A save writes the VM's memory and disk: generous, but bounded. */
@@ -17,27 +20,37 @@ const REMOVE_TIMEOUT_MS = 10_000;
 const LEASED_RETRY_MS = 30_000;
 const LEASED_RETRY_EVERY_MS = 500;
 
-/** Records every local snapshot name (startup). A failure leaves the index empty: a stale
- * `fork-<vmName>` is then left in place (a warning says so), never a reason not to start. */
-export async function indexLocalSnapshots(ctx: ProviderContext): Promise<void> {
+/** Records every local snapshot name (startup) and returns the list. A failure leaves the
+ * index empty (`undefined`): a stale `fork-<vmName>` is then left in place (a warning says
+ * so), never a reason not to start. */
+export async function indexLocalSnapshots(
+  ctx: ProviderContext,
+): Promise<readonly SnapshotRecord[] | undefined> {
   try {
     const { stdout } = await ctx.cli.run(snapshotListArgv(), { timeoutMs: 60_000 });
     const listed = parseSnapshotList(stdout);
     if (!listed.ok) throw new Error(listed.error);
     for (const s of listed.value) ctx.localSnapshots.add(s.name);
+    return listed.value;
   } catch (err) {
     ctx.log.warn({ err: String(err) }, 'cannot list local snapshots; stale fork snapshots are not dropped');
+    return undefined;
   }
 }
 
-/** `snapshot save --name <name> <vmId>`. A taken name (a previous save of this VM, a stale
- * fork) is removed, retried while it is leased, and the save runs once more. */
+/** `snapshot save --name <name> <vmId>` for `owner` (docs/security.md, rule snapshot write):
+ * refused when the name is another identity's or exists without a ledger entry (a base
+ * image is never replaced); the intent is written first and confirmed after. A taken name
+ * the ledger gives to the same identity (a previous save of this VM, a stale fork) is removed,
+ * retried while it is leased, and the save runs once more. */
 export async function saveSnapshot(
   ctx: ProviderContext,
   name: string,
   vmId: string,
-  opts: { signal?: AbortSignal; log: Logger },
+  opts: { signal?: AbortSignal; log: Logger; owner: Owner; pod: LedgerPod },
 ): Promise<void> {
+  enforce(checkSnapshotWrite(ctx, opts.owner, name));
+  await ctx.ledger.intend('snapshot', name, opts.owner, opts.pod);
   const save = () =>
     ctx.cli.run(snapshotSaveArgv(name, vmId), { timeoutMs: SAVE_TIMEOUT_MS, signal: opts.signal });
   try {
@@ -45,11 +58,15 @@ export async function saveSnapshot(
   } catch (err) {
     if (!(err instanceof CocoonCommandError && err.errorClass === 'snapshot_name_taken')) throw err;
     const holder = snapshotHolder(`${err.message}\n${err.output}`) ?? name;
+    // The index did not know it: re-checked as existing (never replaced unless ours).
+    ctx.localSnapshots.add(holder);
+    enforce(checkSnapshotWrite(ctx, opts.owner, holder));
     opts.log.info({ snapshot: name, holder }, 'snapshot name taken; removing the holder and saving again');
     await removeSnapshot(ctx, holder, { signal: opts.signal });
     await save();
   }
   ctx.localSnapshots.add(name);
+  await ctx.ledger.confirm('snapshot', name, '', opts.owner, opts.pod);
 }
 
 /** `snapshot rm <ref>`: not found is success; `is in use by an active …` is retried for up to
@@ -72,6 +89,7 @@ export async function removeSnapshot(
     }
   }
   ctx.localSnapshots.delete(ref);
+  await ctx.ledger.forget('snapshot', ref);
 }
 
 /** Best-effort removal (logged, never thrown). */

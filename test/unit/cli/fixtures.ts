@@ -78,6 +78,7 @@ export function vmRecord(name: string, nic: Partial<VmRecord['nics'][number]> = 
     pid: 4242,
     name,
     image: 'acme/agent',
+    createdAt: '2026-03-01T12:00:00Z',
     imageType: 'oci',
     nics: [{ mac: MAC, tap: 'tap0', netnsPath: '', static: undefined, ...nic }],
     storage: [],

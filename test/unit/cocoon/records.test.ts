@@ -68,6 +68,7 @@ describe('VM records (cocoon-cli.md §3.1)', () => {
       // config.cpu and config.memory: the VM's size, counted by admission.
       cpus: 2,
       memoryBytes: 2147483648,
+      createdAt: '2026-05-02T09:14:03.118842113Z',
     });
   });
 
@@ -185,6 +186,7 @@ describe('snapshot records (cocoon-cli.md §3.2)', () => {
       hypervisor: 'cloud-hypervisor',
       cpus: 2,
       memoryBytes: 2147483648,
+      createdAt: '2026-05-01T22:40:11.90412Z',
     });
   });
 

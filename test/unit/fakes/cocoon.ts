@@ -27,6 +27,8 @@ export interface FakeVm {
   /** `config.cpu` / `config.memory` (printed only when set). */
   cpu?: number;
   memory?: number;
+  /** RFC 3339 (`created_at`); a VM made by hand before a test's pod is older than its intent. */
+  createdAt: string;
 }
 
 export interface FakeSnapshot {
@@ -95,6 +97,7 @@ export class FakeCocoon {
       pid: 1000 + n,
       image: '',
       nics: [{ mac: `02:00:00:00:00:${n.toString(16).padStart(2, '0')}` }],
+      createdAt: new Date().toISOString(),
       ...opts,
     };
     this.vms.set(vm.id, vm);
@@ -130,6 +133,7 @@ export class FakeCocoon {
       })),
       storage_configs: [],
       vsock_socket: '',
+      created_at: vm.createdAt,
     });
   }
 

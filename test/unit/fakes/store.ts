@@ -77,6 +77,7 @@ export class FakeStore implements SnapshotStore {
       imageType: '',
       imageBlobIds: [],
       hypervisor: 'cloud-hypervisor',
+      createdAt: '',
     };
   }
 }

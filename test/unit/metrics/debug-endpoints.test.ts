@@ -63,7 +63,10 @@ function burn(ms: number): number {
 describe('VK_DEBUG_ENDPOINTS', () => {
   it('is off by default and parsed as a boolean', () => {
     assert.equal(loadConfig({}).debugEndpoints, false);
-    assert.equal(loadConfig({ VK_DEBUG_ENDPOINTS: 'true' }).debugEndpoints, true);
+    assert.equal(
+      loadConfig({ VK_DEBUG_ENDPOINTS: 'true', VK_METRICS_ADDR: '127.0.0.1:9091' }).debugEndpoints,
+      true,
+    );
     assert.throws(() => loadConfig({ VK_DEBUG_ENDPOINTS: 'yes' }), /VK_DEBUG_ENDPOINTS="yes"/);
   });
 

@@ -4,6 +4,9 @@
 // re-sent without an IP (docs/decisions.md: "Create failures", "Decisions that must always be
 // possible").
 import assert from 'node:assert/strict';
+import { mkdirSync, mkdtempSync, realpathSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { afterEach, describe, mock, test } from 'node:test';
 import { CocoonCommandError } from '../../../src/cocoon/runner.ts';
 import { apiError } from '../fakes/kube.ts';
@@ -221,16 +224,51 @@ describe('restore, fork-from and clone-from-dir', () => {
     assert.equal(h.cocoon.callsOf('vm clone').length, 0);
   });
 
-  test('clone-from-dir: vm clone --pull --from-dir <dir>', async () => {
+  test('clone-from-dir under <root>/<namespace>/: vm clone --pull --from-dir <resolved dir>', async () => {
+    const root = realpathSync(mkdtempSync(join(tmpdir(), 'vk-clone-roots-')));
+    mkdirSync(join(root, 'ns', 'vm'), { recursive: true });
+    symlinkSync(join(root, 'ns', 'vm'), join(root, 'ns', 'alias'));
+    try {
+      h = harness({ env: { VK_CLONE_FROM_DIR_ROOTS: root } });
+      await h.provider.createPod(
+        clonePod('cd-0', { 'vm.cocoonstack.io/clone-from-dir': join(root, 'ns', 'alias') }),
+      );
+      await until(
+        'bound',
+        () => !!h!.provider.getPod('ns', 'cd-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
+      );
+      const argv = h.cocoon.callsOf('vm clone')[0]!.argv;
+      assert.ok(argv.includes('--pull'));
+      // The resolved path, not the link the pod wrote: nothing can re-point it after the check.
+      assert.deepEqual(argv.slice(-2), ['--from-dir', join(root, 'ns', 'vm')]);
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  test('clone-from-dir with VK_CLONE_FROM_DIR_ROOTS unset: failed naming the setting, never a clone', async () => {
     h = harness();
-    await h.provider.createPod(clonePod('cd-0', { 'vm.cocoonstack.io/clone-from-dir': '/srv/vm' }));
-    await until(
-      'bound',
-      () => !!h!.provider.getPod('ns', 'cd-0')?.metadata?.annotations?.['vm.cocoonstack.io/id'],
-    );
-    const argv = h.cocoon.callsOf('vm clone')[0]!.argv;
-    assert.ok(argv.includes('--pull'));
-    assert.deepEqual(argv.slice(-2), ['--from-dir', '/srv/vm']);
+    await h.provider.createPod(clonePod('cd-1', { 'vm.cocoonstack.io/clone-from-dir': '/srv/vm' }));
+    await until('failed', () => states(h!, 'cd-1').includes('failed'));
+    const msg = h.patches('cd-1').find((a) => a[STATE] === 'failed')?.[
+      'vm.cocoonstack.io/lifecycle-state-message'
+    ];
+    assert.match(String(msg), /clone-from-dir "\/srv\/vm" refused: .*VK_CLONE_FROM_DIR_ROOTS is unset/);
+    assert.ok(h.events.some((e) => e.type === 'Warning' && e.reason === 'CloneFromDirRefused'));
+    assert.equal(h.cocoon.callsOf('vm clone').length, 0);
+  });
+
+  test('a network outside the allow-list: failed naming the rule, never a clone', async () => {
+    h = harness({ env: { VK_NAMESPACE_NETWORKS: 'ns=net-a' } });
+    h.cocoon.snapshot('acme/agent');
+    await h.provider.createPod(clonePod('nw-0', { 'cocoonset.cocoonstack.io/network': 'mgmt' }));
+    await until('failed', () => states(h!, 'nw-0').includes('failed'));
+    const msg = h.patches('nw-0').find((a) => a[STATE] === 'failed')?.[
+      'vm.cocoonstack.io/lifecycle-state-message'
+    ];
+    assert.match(String(msg), /network "mgmt" refused: VK_NAMESPACE_NETWORKS limits namespace ns to net-a/);
+    assert.ok(h.events.some((e) => e.type === 'Warning' && e.reason === 'NetworkRefused'));
+    assert.equal(h.cocoon.callsOf('vm clone').length, 0);
   });
 
   test('an explicit snapshot-policy without a registry: Warning SnapshotPolicyNoRegistry, the VM is removed', async () => {

@@ -23,6 +23,7 @@ const snap = (name: string, id = `snap-${name}`): SnapshotRecord => ({
   imageType: '',
   imageBlobIds: [],
   hypervisor: 'cloud-hypervisor',
+  createdAt: '',
 });
 
 function record(name: string, extra: Record<string, string> = {}) {
@@ -136,6 +137,9 @@ describe('the GC pass', () => {
     h.cocoon.snapshot('vk-x-hibernate-import');
     h.cocoon.snapshot('fork-vk-gone');
     h.cocoon.snapshot('other/base');
+    // A vk-* snapshot the daemon did not write (a base image of that name) is never collected.
+    h.cocoon.snapshot('vk-base');
+    for (const n of ['vk-current', 'vk-gone', 'vk-replaced']) await h.own(n);
     store!.calls.length = 0;
     const r = await h.provider.snapshotGc();
     assert.ok(r);
@@ -143,7 +147,7 @@ describe('the GC pass', () => {
     assert.deepEqual(r.current, ['vk-current']);
     assert.ok(r.used.includes('vk-sleep'));
     assert.deepEqual(r.errors, []);
-    for (const n of ['vk-sleep', 'vk-current', 'fork-vk-gone', 'other/base', 'acme/agent'])
+    for (const n of ['vk-sleep', 'vk-current', 'fork-vk-gone', 'other/base', 'acme/agent', 'vk-base'])
       assert.ok(h.cocoon.snapshots.has(n), `${n} kept`);
     for (const n of r.removed) assert.ok(!h.cocoon.snapshots.has(n), `${n} removed`);
     // Registry reads only for the unused vk-* names (not the import, not the tracked pod's copy).
@@ -156,7 +160,10 @@ describe('the GC pass', () => {
 
   test('a registry that errors keeps every snapshot it was asked about, and stops after 3', async () => {
     h = withStore();
-    for (const n of ['vk-a', 'vk-b', 'vk-c', 'vk-d', 'vk-e']) h.cocoon.snapshot(n);
+    for (const n of ['vk-a', 'vk-b', 'vk-c', 'vk-d', 'vk-e']) {
+      h.cocoon.snapshot(n);
+      await h.own(n);
+    }
     store!.down = true;
     const r = await h.provider.snapshotGc();
     assert.ok(r);
@@ -171,6 +178,8 @@ describe('the GC pass', () => {
     h.cocoon.snapshot('acme/agent');
     h.cocoon.snapshot('vk-late');
     h.cocoon.snapshot('vk-leased');
+    await h.own('vk-late');
+    await h.own('vk-leased');
     const hh = h;
     const read = store!.identity.bind(store);
     store!.identity = async (repo, t) => {
@@ -206,6 +215,7 @@ describe('the GC pass', () => {
   test('startLoops runs a pass at once', async () => {
     h = withStore();
     h.cocoon.snapshot('vk-gone');
+    await h.own('vk-gone');
     h.provider.startLoops();
     await until('removed at start', () => !h!.cocoon.snapshots.has('vk-gone'));
   });

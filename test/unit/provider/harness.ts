@@ -6,6 +6,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
+import { Ledger } from '../../../src/authority/ledger.ts';
+import { ownerOf } from '../../../src/authority/owner.ts';
 import { loadConfig } from '../../../src/config/env.ts';
 import { EventRecorder, type EventSink } from '../../../src/kube/events.ts';
 import type { Allocatable } from '../../../src/lifecycle/admission.ts';
@@ -39,6 +41,10 @@ export interface PodWrite {
 
 export interface Harness {
   provider: CocoonProvider;
+  ledger: Ledger;
+  /** Records in the ledger that the daemon wrote snapshot `name` for `pod`'s identity (as a
+   * hibernate or a delete-time save would have). */
+  own(name: string, pod?: V1Pod): Promise<void>;
   cocoon: FakeCocoon;
   kube: ReturnType<typeof fakeKube>;
   /** The real event recorder (option `recorder`). */
@@ -77,6 +83,9 @@ export function harness(
     store?: (cocoon: FakeCocoon) => SnapshotStore;
     /** The node's allocatable for admission (unset: only VK_NODE_PODS is checked). */
     allocatable?: Allocatable;
+    /** The provenance ledger (default: a fresh in-memory one, a first start). Pass the ledger of
+     * a previous harness to model a restart that keeps its ledger file. */
+    ledger?: Ledger;
   } = {},
 ): Harness {
   const dir = mkdtempSync(join(tmpdir(), 'vk-unit-'));
@@ -110,7 +119,9 @@ export function harness(
       return statusWriter.writeNow(pod, o);
     },
   };
+  const ledger = opts.ledger ?? Ledger.memory('node', silentLogger);
   const provider = new CocoonProvider({
+    ledger,
     status: realSink ?? {
       notify: (pod) => void statuses.push(pod),
       writeNow: async (pod, o = {}) => {
@@ -142,6 +153,17 @@ export function harness(
     allocatable: opts.allocatable,
   });
   return {
+    ledger,
+    own: async (name, pod) => {
+      const vmName = pod?.metadata?.annotations?.['vm.cocoonstack.io/name'] ?? name;
+      const owner = pod ? ownerOf(pod, vmName) : { namespace: 'ns', vmName, controllerUid: '' };
+      const ref = {
+        key: `${pod?.metadata?.namespace}/${pod?.metadata?.name}`,
+        uid: pod?.metadata?.uid ?? '',
+      };
+      await ledger.intend('snapshot', name, owner, ref);
+      await ledger.confirm('snapshot', name, '', owner, ref);
+    },
     provider,
     cocoon,
     kube,

@@ -30,6 +30,13 @@ test('a collected placeholder frees its name; nothing is removed with vm rm', as
 
 test('a busy placeholder is asked again until its clone finishes; then it is indexed for adoption', async () => {
   h = harness();
+  // The killed daemon wrote its intent before the clone (the provenance ledger).
+  await h.ledger.intend(
+    'vm',
+    'vk-stale-1',
+    { namespace: 'ns', vmName: 'vk-stale-1', controllerUid: '' },
+    { key: 'ns/stale-1', uid: 'u' },
+  );
   const vm = h.cocoon.addVm('vk-stale-1', { state: 'creating', pid: 0 });
   h.cocoon.on(/^vm reconcile-stale-create /, () => ({
     stdout: JSON.stringify({ id: vm.id, outcome: vm.state === 'creating' ? 'busy' : 'not-creating' }),

@@ -80,6 +80,39 @@ describe('collect hook', () => {
     assert.equal(second.samples.filter((s) => s.name === 'cocoon_vk_vm_cpu_seconds_total').length, 1);
   });
 
+  it('without per-VM labels (VK_METRICS_VM_LABELS=false) sums per namespace and backend and names no VM', async () => {
+    const a = vm({ vmId: 'A', vmName: 'vk-team-a-secret-a', pod: 'secret-a', pid: 101 });
+    const b = vm({ vmId: 'B', vmName: 'vk-team-a-secret-b', pod: 'secret-b', pid: 102 });
+    const c = vm({ vmId: 'C', vmName: 'vk-team-b-other', pod: 'other', namespace: 'team-b', pid: 103 });
+    await host.cpuStat('A', 1_000_000);
+    await host.cpuStat('B', 2_000_000);
+    await host.cpuStat('C', 4_000_000);
+    await host.procStatus(101, 1024);
+    await host.procStatus(102, 2048);
+    await host.procStatus(103, 4096);
+    const on = createMetrics();
+    const off = createMetrics({ vmLabels: false });
+    attachSampler(on, new StatsSampler(() => [a, b, c], host.config));
+    attachSampler(off, new StatsSampler(() => [a, b, c], host.config));
+    const withNames = await on.render();
+    assert.match(withNames, /vk-team-a-secret-a/, 'the default keeps the per-VM series');
+    const raw = await off.render();
+    assert.doesNotMatch(raw, /secret-|vk-team|other|pod=|vm=/);
+    const text = parsePromText(raw);
+    const teamA = { namespace: 'team-a', backend: 'cloud-hypervisor' };
+    assert.equal(value(text, 'cocoon_vk_vm_cpu_seconds_total', teamA), 3);
+    assert.equal(value(text, 'cocoon_vk_vm_memory_rss_bytes', teamA), 3072 * 1024);
+    assert.equal(value(text, 'cocoon_vk_vm_cpu_seconds_total', { namespace: 'team-b' }), 4);
+    for (const name of ['cocoon_vk_vm_cpu_seconds_total', 'cocoon_vk_vm_memory_rss_bytes']) {
+      const samples = text.samples.filter((s) => s.name === name);
+      assert.equal(samples.length, 2, `${name}: one series per namespace and backend`);
+      for (const s of samples) assert.deepEqual(Object.keys(s.labels).sort(), ['backend', 'namespace']);
+    }
+    // A second scrape replaces the sums instead of adding to them.
+    const again = parsePromText(await off.render());
+    assert.equal(value(again, 'cocoon_vk_vm_memory_rss_bytes', teamA), 3072 * 1024);
+  });
+
   it('applySample replaces, not accumulates, counter values', async () => {
     const metrics = createMetrics();
     const base: Sample = {

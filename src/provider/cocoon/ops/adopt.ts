@@ -3,6 +3,7 @@
 // the VM of a bring-up that failed after the VM was made. A VM another pod holds is never
 // adopted.
 
+import { mayAttachUnmanaged } from '../../../authority/rules.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { VM_ID, VM_IP } from '../../../contract/annotations.ts';
@@ -10,6 +11,7 @@ import { startTimeFromApi } from '../../../lifecycle/status.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { isClonedBootSpec } from '../../../vmspec/decode.ts';
+import { checkAdopt, confirmVm, ownerOfRec } from '../authority.ts';
 import { inspectVm, inspectWithRetry, SettleError } from '../bringup.ts';
 import { holderOfVm, isVmId } from '../claims.ts';
 import { logFor, type ProviderContext } from '../context.ts';
@@ -50,6 +52,8 @@ export async function adoptUnmanaged(ctx: ProviderContext, rec: PodRecord, spec:
   if (!found || found.id !== id) return await fail(`no VM with id ${id} exists on this node`);
   const holder = holderOfVm(ctx.pods, rec.key, { id });
   if (holder) return await fail(`VM ${id} is already bound to pod ${holder.key}`);
+  const attach = mayAttachUnmanaged(ownerOfRec(rec, found.name), id, ctx.ledger.vmById(id));
+  if (!attach.ok) return await fail(attach.message);
   const vm: VmRecord = {
     ...found,
     nics: [{ mac: '', tap: '', netnsPath: '', static: { ip, gateway: '', prefix: 32 } }],
@@ -77,6 +81,14 @@ export async function adoptByName(ctx: ProviderContext, rec: PodRecord, spec: VM
   ctx.orphansByName.delete(spec.vmName);
   if (!vm || vm.name !== spec.vmName) return false;
   if (holderOfVm(ctx.pods, rec.key, vm)) return false;
+  const verdict = checkAdopt(ctx, rec, vm);
+  if (!verdict.ok) {
+    // Kept for its owner (or the host): this pod's clone then finds the name taken.
+    ctx.orphansByName.set(spec.vmName, vm);
+    logFor(ctx, rec).warn({ vmId: vm.id, rule: verdict.rule }, verdict.message);
+    return false;
+  }
+  await confirmVm(ctx, rec, vm);
   await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
   ctx.metrics.podLifecycle('create', 'ok', 'adopted');
   logFor(ctx, rec).info({ vmId: vm.id }, 'adopted an existing VM by name');
@@ -103,6 +115,10 @@ export async function salvageByName(
   // (the create is retried; docs/contracts/pod-to-vm.md "CreatePod").
   if (!vm || vm.name !== spec.vmName || vm.state !== 'running') return false;
   if (holderOfVm(ctx.pods, rec.key, vm)) return false;
+  // Only a VM the ledger gives to this identity: a host VM or another tenant's of that name
+  // is never bound (the failure then names the rule).
+  if (!checkAdopt(ctx, rec, vm).ok) return false;
+  await confirmVm(ctx, rec, vm);
   await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
   ctx.metrics.podLifecycle('create', 'ok', 'adopted');
   logFor(ctx, rec).info(

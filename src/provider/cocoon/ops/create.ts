@@ -8,7 +8,9 @@ import { guestProfile } from '../../../guest/profiles.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
 import type { Logger } from '../../../log.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
+import { networkRefusal } from '../../../vmspec/network-policy.ts';
 import { CPU_CLASS_MISMATCH, checkSnapshotCpuClass } from '../../../vmspec/snapshot-cpu-class.ts';
+import { checkAdopt, checkClaim, confirmVm, intendVm } from '../authority.ts';
 import {
   type BringUpResult,
   cloneBringUp,
@@ -133,6 +135,13 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
     await createFailed(ctx, rec, 'CreateBringUpFailed', nameHeldMessage(spec.vmName, holder), false);
     return undefined;
   }
+  // The VM name itself is a claim to check (docs/security.md): not a reserved shape, not a
+  // VM or snapshot of another identity, not a base image's name.
+  const named = checkClaim(ctx, rec, spec.vmName);
+  if (!named.ok) {
+    await createFailed(ctx, rec, 'CreateBringUpFailed', named.message, false);
+    return undefined;
+  }
   if (await adoptByName(ctx, rec, spec)) return undefined;
   setBringingUp(rec, true);
   return rec;
@@ -155,6 +164,10 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
     if (!isCurrent(ctx, rec) || rec.vm || !rec.spec?.managed) return;
     const spec = rec.spec;
     const log = logFor(ctx, rec);
+    // The network allow-list (vmspec/network-policy.ts), before any cocoon call: every boot
+    // (create, retry, wake) comes through here, and a refusal is the pod's to fix.
+    const refused = networkRefusal(ctx.config.networkPolicy, rec.pod.metadata?.namespace ?? '', spec.network);
+    if (refused !== undefined) return await createFailed(ctx, rec, 'NetworkRefused', refused, false);
     const started = performance.now();
     setStep(rec, 'BringingUp');
     let result: BringUpResult & { source: string };
@@ -165,8 +178,11 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
         await confirmHibernated(ctx, rec, plan.where);
         return;
       }
-      if (plan.kind !== 'restore') await dropStaleFork(ctx, spec.vmName, log);
+      if (plan.kind !== 'restore') await dropStaleFork(ctx, rec, spec.vmName, log);
+      // The intent goes to the ledger before cocoon makes anything (docs/security.md).
+      await intendVm(ctx, rec, spec.vmName);
       result = await bringUpFrom(ctx, rec, spec, plan, log);
+      await confirmVm(ctx, rec, result.vm);
     } catch (err) {
       // DeletePod aborted it: nothing to record; the delete removes what it made (ops/abort.ts).
       if (bringUpAborted()) return;
@@ -210,19 +226,24 @@ async function bringUpFrom(
   plan: SourcePlan,
   log: Logger,
 ): Promise<BringUpResult & { source: string }> {
+  if (plan.kind !== 'restore') await ctx.ledger.setRestore(spec.vmName, undefined);
   switch (plan.kind) {
     case 'restore': {
+      // A restart during a CH+Windows wake must still know it was a restore (no PnP fixup).
+      const chWindows = spec.backend === 'cloud-hypervisor' && spec.os === 'windows';
+      await ctx.ledger.setRestore(spec.vmName, chWindows ? '' : undefined);
       const r = await restoreBringUp(ctx, spec, rec, log);
+      if (chWindows) await ctx.ledger.setRestore(spec.vmName, r.vm.id);
       return { vm: r.vm, clonedBoot: true, sourceImage: '', source: r.source };
     }
     case 'dir':
-      return { ...(await dirBringUp(ctx, spec)), source: spec.cloneFromDir };
+      return { ...(await dirBringUp(ctx, rec, spec)), source: spec.cloneFromDir };
     case 'fork':
       return { ...(await forkBringUp(ctx, rec, spec, log)), source: `fork-${spec.forkFrom}` };
     case 'run':
       return { ...(await runBringUp(ctx, spec, log)), source: spec.image };
     default:
-      return { ...(await cloneBringUp(ctx, spec, ctx.puller, log)), source: spec.image };
+      return { ...(await cloneBringUp(ctx, rec, spec, ctx.puller, log)), source: spec.image };
   }
 }
 
@@ -238,13 +259,20 @@ async function bringUpFailed(
   const reason = err instanceof LifecycleError ? err.reason : 'CreateBringUpFailed';
   let transient = err instanceof LifecycleError ? err.transient : isTransientCreateError(err);
   if (err instanceof CocoonCommandError && err.errorClass === 'vm_name_taken' && rec.spec) {
-    // The name is held by a VM no pod of ours holds: a create still in flight (a killed
-    // predecessor's, after a restart) that was `creating` when salvage looked, or finished
-    // since. Transient: the retry's salvage adopts it once it runs.
+    // The name is held by a VM no pod of ours holds: a create of this identity still in
+    // flight (a killed predecessor's, after a restart) that was `creating` when salvage
+    // looked, or finished since: transient, the retry's salvage adopts it once it runs. A VM
+    // the ledger does not give to this identity (made by hand, another tenant's) is refused.
     const holder = await inspectVm(ctx, rec.spec.vmName).catch(() => undefined);
     if (holder && !holderOfVm(ctx.pods, rec.key, holder)) {
-      transient = true;
-      message = `${message}; VM ${holder.id} (${holder.state}) of that name is not held by any pod: adopting it on the retry`;
+      const verdict = checkAdopt(ctx, rec, holder);
+      if (verdict.ok) {
+        transient = true;
+        message = `${message}; VM ${holder.id} (${holder.state}) of that name is not held by any pod: adopting it on the retry`;
+      } else {
+        transient = false;
+        message = verdict.message;
+      }
     }
   }
   if (rec.waking && plan?.kind === 'restore') {

@@ -3,14 +3,21 @@
 // held a VM of its own (unmanaged, failed create, a name another pod holds) removes nothing.
 
 import type { V1Pod } from '@kubernetes/client-node';
+import { mayRemove } from '../../../authority/rules.ts';
 import { reconcileStaleCreateArgv, removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
-import { KEEP_SNAPSHOT_ON_DELETE, SNAPSHOT_POLICY } from '../../../contract/annotations.ts';
+import {
+  EVENT_MESSAGE_MAX_BYTES,
+  KEEP_SNAPSHOT_ON_DELETE,
+  SNAPSHOT_POLICY,
+} from '../../../contract/annotations.ts';
 import type { Logger } from '../../../log.ts';
 import { releaseLease } from '../../../net/release.ts';
 import { NotFoundError } from '../../../pods/ports.ts';
+import { truncateUtf8 } from '../../../util/text.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
+import { AuthorityError, checkPush, mayDropSnapshot, ownerOfRec, podRef, pushStamps } from '../authority.ts';
 import { inspectVm } from '../bringup.ts';
 import { holderOfName } from '../claims.ts';
 import { logFor, type ProviderContext } from '../context.ts';
@@ -51,7 +58,7 @@ export async function deletePod(
     // A hibernated pod owns the local copy of its state (unless another pod holds the name).
     const name = rec.spec?.managed ? rec.spec.vmName : '';
     if (name && !keep && rec.intent?.state === 'hibernated' && !holderOfName(ctx.pods, key, name)) {
-      for (const n of [name, `fork-${name}`]) await dropSnapshot(ctx, n, log);
+      await dropOwnSnapshots(ctx, rec, name, log);
     }
     forget(ctx, rec);
     ctx.metrics.podLifecycle('delete', 'skipped', rec.spec?.managed === false ? 'unmanaged' : 'no_vm');
@@ -67,11 +74,10 @@ export async function deletePod(
         throw new Error(`kept VM ${vm.id}: ${err instanceof Error ? err.message : String(err)}`);
       }
     }
+    await ctx.ledger.forget('vm', vm.name);
     // Lease release only after a confirmed removal.
     await releaseLeases(ctx, vm);
-    if (!keep && vm.name) {
-      for (const name of [vm.name, `fork-${vm.name}`]) await dropSnapshot(ctx, name, log);
-    }
+    if (!keep && vm.name) await dropOwnSnapshots(ctx, rec, vm.name, log);
   } catch (err) {
     setDeleting(rec, false);
     ctx.metrics.podLifecycle('delete', 'failed', err instanceof SnapshotKeptVm ? 'snapshot' : 'remove');
@@ -95,12 +101,16 @@ class SnapshotKeptVm extends Error {}
 async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger): Promise<void> {
   const name = rec.spec?.managed ? rec.spec.vmName : '';
   if (!name || holderOfName(ctx.pods, rec.key, name)) return;
+  // Only what the ledger gives to this pod's identity (its intent, written before the
+  // clone): a hand-made VM or another tenant's of that name is never removed.
+  if (!mayRemove(ownerOfRec(rec, name), ctx.ledger.vm(name))) return;
   const left = await inspectVm(ctx, name);
   if (!left) return;
   if (left.state === 'creating') {
     const { stdout } = await ctx.cli.run(reconcileStaleCreateArgv(left.id), { timeoutMs: 60_000 });
     const outcome = (JSON.parse(stdout) as { outcome?: unknown }).outcome;
     if (outcome === 'collected' || outcome === 'not-found') {
+      await ctx.ledger.forget('vm', name);
       log.info({ vmId: left.id, outcome }, 'the aborted bring-up left a placeholder: collected');
       return;
     }
@@ -114,9 +124,26 @@ async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger)
   } catch (err) {
     if (!(err instanceof CocoonCommandError && err.errorClass === 'vm_not_found')) throw err;
   }
+  await ctx.ledger.forget('vm', name);
   await releaseLeases(ctx, left);
   ctx.orphansByName.delete(name);
   log.info({ vmId: left.id, state: left.state }, 'removed the VM an aborted bring-up left');
+}
+
+/** `<vmName>` and `fork-<vmName>`, each only when the ledger gives it to this pod's identity
+ * (a base image or another tenant's snapshot of that name is never removed). */
+async function dropOwnSnapshots(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  vmName: string,
+  log: Logger,
+): Promise<void> {
+  const owner = ownerOfRec(rec, vmName);
+  for (const name of [vmName, `fork-${vmName}`]) {
+    if (mayDropSnapshot(ctx, owner, name)) await dropSnapshot(ctx, name, log);
+    else if (ctx.localSnapshots.has(name))
+      log.info({ snapshot: name }, 'local snapshot not written for this identity; kept');
+  }
 }
 
 /** The delete-time snapshot (docs/contracts/pod-to-vm.md, "Delete with a snapshot policy"):
@@ -152,20 +179,28 @@ async function snapshotBeforeDelete(
   if (live?.state !== 'running') return; // a stopped or vanished VM is not snapshotted
   const started = performance.now();
   try {
-    await saveSnapshot(ctx, spec.vmName, vm.id, { log });
+    await saveSnapshot(ctx, spec.vmName, vm.id, { log, owner: ownerOfRec(rec), pod: podRef(rec) });
     ctx.metrics.snapshotSave(ns, 'ok', (performance.now() - started) / 1000);
   } catch (err) {
     ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
+    if (err instanceof AuthorityError) return refused(ctx, rec, `snapshot ${spec.vmName}`, err.message, log);
     throw fail('snapshot save', err);
   }
   const pushed = performance.now();
+  let verdict: Awaited<ReturnType<typeof checkPush>>;
+  try {
+    verdict = await checkPush(ctx, rec, spec.vmName, 'latest');
+  } catch (err) {
+    throw fail(`read ${spec.vmName}:latest`, err);
+  }
+  if (!verdict.ok) return refused(ctx, rec, `${spec.vmName}:latest`, verdict.message, log);
   try {
     const r = await ctx.store.push({
       localName: spec.vmName,
       repo: spec.vmName,
       tag: 'latest',
       baseImage: spec.image,
-      namespace: ns,
+      ...pushStamps(rec),
       log,
     });
     ctx.metrics.snapshotPush(ns, 'ok', (performance.now() - pushed) / 1000);
@@ -177,6 +212,15 @@ async function snapshotBeforeDelete(
     ctx.metrics.snapshotPush(ns, 'failed', (performance.now() - pushed) / 1000);
     throw fail(`push ${spec.vmName}:latest`, err);
   }
+}
+
+/** A delete-time snapshot the authority rules refuse (never over another identity's tag or
+ * snapshot, or a base image) is skipped loudly and the delete goes on: a refusal never
+ * changes, so waiting would strand the pod Terminating. */
+function refused(ctx: ProviderContext, rec: PodRecord, what: string, why: string, log: Logger): void {
+  const message = `delete: ${what} not written: ${why}; VM ${rec.vm?.name ?? ''} is removed without its delete-time snapshot`;
+  ctx.events.event(rec.pod, 'Warning', 'SnapshotPushRefused', truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
+  log.warn(message);
 }
 
 /** `never` ⇒ no; `main-only` ⇒ a main agent only; `always`, empty or unknown ⇒ yes. */

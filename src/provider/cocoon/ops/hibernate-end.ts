@@ -101,6 +101,8 @@ export async function commit(
       return;
     }
   }
+  // The VM is gone; its identity keeps the saved snapshot's entry (a wake uses it).
+  await ctx.ledger.forget('vm', vm.name);
   await releaseLeases(ctx, vm);
   ctx.probes.get(rec.key)?.stop();
   ctx.probes.delete(rec.key);

@@ -10,6 +10,7 @@
 // hibernate from the running VM, or confirms `hibernated` from the registry.
 import { execArgv, netArgv } from '../../../cocoon/argv.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
+import { checkPush, enforce, ownerOfRec, podRef, pushStamps } from '../authority.ts';
 import { logFor, type ProviderContext } from '../context.ts';
 import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { backendOf } from '../readiness/facts.ts';
@@ -120,7 +121,12 @@ async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: Hiberna
     const signal = enter('snapshot');
     const saveStart = performance.now();
     try {
-      await saveSnapshot(ctx, vmName, vmId, { signal, log });
+      await saveSnapshot(ctx, vmName, vmId, {
+        signal,
+        log,
+        owner: ownerOfRec(rec, vmName),
+        pod: podRef(rec),
+      });
       ctx.metrics.snapshotSave(ns, 'ok', (performance.now() - saveStart) / 1000);
       ctx.metrics.hibernate(ns, 'snapshot', 'ok');
     } catch (err) {
@@ -132,13 +138,15 @@ async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: Hiberna
       const signal = enter('push');
       const pushStart = performance.now();
       try {
+        // Never over another identity's tag or a base image (docs/security.md, rule push).
+        enforce(await checkPush(ctx, rec, vmName, 'hibernate', signal));
         const r = await ctx.store.push({
           localName: vmName,
           repo: vmName,
           tag: 'hibernate',
           baseImage: image,
           fromNode: ctx.config.nodeName,
-          namespace: ns,
+          ...pushStamps(rec),
           signal,
           log,
         });

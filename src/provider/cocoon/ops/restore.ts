@@ -7,6 +7,7 @@ import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import type { Logger } from '../../../log.ts';
 import { inspectSnapshot, SnapshotPullError } from '../../../registry/pull.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
+import { checkLocalSource, checkRestoreState, mayDropSnapshot, ownerOfRec } from '../authority.ts';
 import { cloneFromSource, inspectVm, SettleError } from '../bringup.ts';
 import type { ProviderContext, SnapshotIdentity } from '../context.ts';
 import { dropSnapshot, removeSnapshot } from '../snapshots.ts';
@@ -63,21 +64,12 @@ export async function hibernateEvidence(
     throw new LifecycleError('HibernateEvidenceFailed', message, true);
   }
   if (id === 'absent') return undefined;
-  if (otherNamespace(id, rec.pod.metadata?.namespace ?? '')) {
+  const verdict = checkRestoreState(ctx, rec, `${spec.vmName}:hibernate`, id);
+  if (!verdict.ok) {
     ctx.metrics.hibernateEvidence('source_conflict');
-    throw new LifecycleError('HibernateEvidenceFailed', foreignState(spec.vmName, id, rec), false);
+    throw new LifecycleError('HibernateEvidenceFailed', verdict.message, false);
   }
   return { identity: id, where: `${spec.vmName}:hibernate` };
-}
-
-/** The saved state was pushed for a pod of another namespace (TS addition: a pod never
- * restores another tenant's VM; manifests without the stamp — older writers — pass). */
-function otherNamespace(id: SnapshotIdentity, namespace: string): boolean {
-  return (id.namespace ?? '') !== '' && id.namespace !== namespace;
-}
-
-function foreignState(vmName: string, id: SnapshotIdentity, rec: PodRecord): string {
-  return `VM ${vmName}'s hibernated state (${vmName}:hibernate) belongs to a pod of namespace ${id.namespace}, not ${rec.pod.metadata?.namespace ?? ''}: a pod never restores another namespace's VM; use another vm.cocoonstack.io/name`;
 }
 
 /** The local snapshot a wake or restore clones from (docs/contracts/pod-to-vm.md, "Wake source"): a local
@@ -112,10 +104,12 @@ export async function wakeSource(
         true,
       );
     }
-    if (id !== 'absent' && otherNamespace(id, rec.pod.metadata?.namespace ?? ''))
-      throw new LifecycleError('WakePullFailed', foreignState(vmName, id, rec), false);
+    const verdict = id === 'absent' ? undefined : checkRestoreState(ctx, rec, `${vmName}:hibernate`, id);
+    if (verdict && !verdict.ok) throw new LifecycleError('WakePullFailed', verdict.message, false);
   }
   if (local) {
+    const mine = checkLocalSource(ctx, rec, vmName);
+    if (!mine.ok) throw new LifecycleError('WakePullFailed', mine.message, false);
     ctx.localSnapshots.add(vmName);
     if (!ctx.store) return { name: vmName, imported: false, image: local.image, snapshot: local };
     if (id !== 'absent' && id.snapshotId === local.id) {
@@ -127,8 +121,11 @@ export async function wakeSource(
       { snapshot: vmName, localId: local.id, registryId: id === 'absent' ? 'absent' : id.snapshotId },
       'local hibernate copy is stale against the registry; removing it',
     );
-    await removeSnapshot(ctx, vmName);
-    await dropSnapshot(ctx, `fork-${vmName}`, log);
+    // Only a copy the ledger gives to this identity is removed; any other is left alone and
+    // the wake pulls into its own import name.
+    const owner = ownerOfRec(rec, vmName);
+    if (mayDropSnapshot(ctx, owner, vmName)) await removeSnapshot(ctx, vmName);
+    if (mayDropSnapshot(ctx, owner, `fork-${vmName}`)) await dropSnapshot(ctx, `fork-${vmName}`, log);
   }
   if (!ctx.store) {
     throw new LifecycleError(

@@ -2,9 +2,14 @@
 // restore (asked for, or evidence of hibernated state) → clone-from-dir → fork-from → run →
 // clone, with the fresh-boot guard of docs/contracts/pod-to-vm.md ("Evidence on create"): a VM name that still owns
 // hibernated state never boots fresh.
+
+import { realpath } from 'node:fs/promises';
+import { entryOwns } from '../../../authority/rules.ts';
 import type { Logger } from '../../../log.ts';
 import { inspectSnapshot } from '../../../registry/pull.ts';
+import { checkCloneDir } from '../../../vmspec/clone-dir-roots.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
+import { mayDropSnapshot, ownerOfRec, podRef } from '../authority.ts';
 import { BringUpError, type BringUpResult, cloneFromSource } from '../bringup.ts';
 import type { ProviderContext } from '../context.ts';
 import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
@@ -88,9 +93,15 @@ export async function planSource(
 
 /** A fresh bring-up drops `fork-<vmName>` of a previous incarnation, so forks of this VM never
  * start from its old state. Only when it is known to exist: no cocoon call otherwise. */
-export async function dropStaleFork(ctx: ProviderContext, vmName: string, log: Logger): Promise<void> {
+export async function dropStaleFork(
+  ctx: ProviderContext,
+  rec: PodRecord,
+  vmName: string,
+  log: Logger,
+): Promise<void> {
   const name = `fork-${vmName}`;
-  if (ctx.localSnapshots.has(name)) await dropSnapshot(ctx, name, log);
+  if (ctx.localSnapshots.has(name) && mayDropSnapshot(ctx, ownerOfRec(rec, vmName), name))
+    await dropSnapshot(ctx, name, log);
 }
 
 /** fork-from: one shared `fork-<source>` snapshot (saved once, de-duplicated across concurrent
@@ -112,13 +123,17 @@ export async function forkBringUp(
   }
   const sourceId = holder.vm.id;
   const name = `fork-${source}`;
+  // The fork snapshot is the source VM's state: its identity's, never the forking pod's.
+  const sourceOwner = ownerOfRec(holder, source);
   const snapshot = await ctx.forkSaves.do(name, async () => {
     const have = await inspectSnapshot(ctx.cli, name, undefined);
-    if (have) return have;
+    // An existing one is used only when the ledger says it was saved from this source.
+    if (have && entryOwns(ctx.ledger.snapshot(name), sourceOwner)) return have;
+    if (have) ctx.localSnapshots.add(name);
     log.info({ source, snapshot: name }, 'saving the shared fork snapshot');
     const started = performance.now();
     try {
-      await saveSnapshot(ctx, name, sourceId, { log });
+      await saveSnapshot(ctx, name, sourceId, { log, owner: sourceOwner, pod: podRef(holder) });
       ctx.metrics.snapshotSave(ns, 'ok', (performance.now() - started) / 1000);
     } catch (err) {
       ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
@@ -133,10 +148,29 @@ export async function forkBringUp(
   return { vm: await cloneFromSource(ctx, spec, { snapshot }), clonedBoot: true, sourceImage: '' };
 }
 
-/** clone-from-dir: `vm clone --pull --from-dir <dir>`. */
-export async function dirBringUp(ctx: ProviderContext, spec: VMSpec): Promise<BringUpResult> {
+/** clone-from-dir of a pod: the annotation is a tenant's claim on a host path, so it is
+ * checked against VK_CLONE_FROM_DIR_ROOTS first (vmspec/clone-dir-roots.ts) and a refusal
+ * is permanent, with a message that never tells whether the path exists. The clone is then
+ * made from the resolved path. Clones from directories the daemon stages itself go straight
+ * to {@link cloneFromTrustedDir}: the root rule is about what tenants may name. */
+export async function dirBringUp(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<BringUpResult> {
+  const ns = rec.pod.metadata?.namespace ?? '';
+  const verdict = await checkCloneDir(ctx.config.cloneFromDirRoots, ns, spec.cloneFromDir, realpath);
+  if (!verdict.ok) {
+    ctx.metrics.cloneFromDir('failed');
+    throw new LifecycleError('CloneFromDirRefused', verdict.message, false);
+  }
+  return await cloneFromTrustedDir(ctx, spec, verdict.dir);
+}
+
+/** `vm clone --pull --from-dir <dir>` of a directory the daemon trusts (checked or staged). */
+export async function cloneFromTrustedDir(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  dir: string,
+): Promise<BringUpResult> {
   try {
-    const vm = await cloneFromSource(ctx, spec, { fromDir: spec.cloneFromDir });
+    const vm = await cloneFromSource(ctx, spec, { fromDir: dir });
     ctx.metrics.cloneFromDir('ok');
     return { vm, clonedBoot: true, sourceImage: '' };
   } catch (err) {

@@ -6,6 +6,7 @@
 // asks again until the placeholder is collected, turns `running` (indexed by name: the pod that
 // asked for it adopts it), or ends in another state (the orphan policy decides). The provider
 // never removes a placeholder itself: only cocoon knows whether its owner is still at work.
+import { entryOwns } from '../../../authority/rules.ts';
 import { reconcileStaleCreateArgv, removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import type { Logger } from '../../../log.ts';
@@ -90,9 +91,12 @@ async function decided(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise
     );
     return true;
   }
-  if (ctx.config.orphanPolicy === 'destroy') {
+  const ours = ctx.ledger.vm(live.name);
+  // Only an interrupted create of vk-cocoon's own (its ledger intent) is ever removed.
+  if (ctx.config.orphanPolicy === 'destroy' && ours && entryOwns(ours, ours.owner, live)) {
     try {
       await ctx.cli.run(removeArgv(live.id), { timeoutMs: 60_000 });
+      await ctx.ledger.forget('vm', live.name);
       await releaseLeases(ctx, live);
       log.warn(
         { vm: live.name, vmId: live.id, state: live.state },

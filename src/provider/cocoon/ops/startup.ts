@@ -3,6 +3,8 @@
 // removed as an orphan; everything else the orphan policy decides (docs/decisions.md, "VM
 // ownership").
 import type { V1Pod } from '@kubernetes/client-node';
+import { ownerOf } from '../../../authority/owner.ts';
+import { entryOwns, mayAdopt } from '../../../authority/rules.ts';
 import { listArgv, removeArgv, startArgv } from '../../../cocoon/argv.ts';
 import { parseVmList, type VmRecord } from '../../../cocoon/records.ts';
 import {
@@ -41,6 +43,7 @@ import { releaseLeases } from './delete.ts';
 import { HIBERNATE_PREFIX } from './hibernate.ts';
 import { scheduleOpRetry } from './retry.ts';
 import { reconcileStaleCreates } from './stale.ts';
+import { takeOverAtFirstStart } from './upgrade.ts';
 
 export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
   // Step 2: the snapshot CPU-class gate; a mismatching non-terminal pod refuses the startup.
@@ -51,6 +54,11 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
   if (!listed.ok) throw new Error(`cocoon vm list: ${listed.error}`);
   // Placeholders of interrupted creates free their names (or become adoptable) first.
   await reconcileStaleCreates(ctx, listed.value);
+  // The provenance ledger against what cocoon shows, then (first start only) the upgrade rule.
+  const snapshots = await indexLocalSnapshots(ctx);
+  const reconciled = await ctx.ledger.reconcile(listed.value, snapshots);
+  ctx.log.info({ ...reconciled, ...ctx.ledger.size() }, 'provenance ledger reconciled');
+  if (ctx.ledger.firstStart) await takeOverAtFirstStart(ctx, pods, listed.value, snapshots);
   const byId = new Map(listed.value.map((vm) => [vm.id, vm]));
   const byName = new Map(listed.value.map((vm) => [vm.name, vm]));
   const live = pods
@@ -73,9 +81,15 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
       continue;
     }
     if (vm.state === 'creating') continue;
+    const verdict = mayAdopt(ownerOf(pod, vm.name), vm, ctx.ledger.vm(vm.name));
+    if (!verdict.ok) {
+      // Its CreatePod reports the refusal; the VM stays its owner's (or the host's).
+      ctx.log.warn({ pod: key, vm: vm.name, vmId: vm.id, rule: verdict.rule }, verdict.message);
+      continue;
+    }
     claimed.add(vm.id);
     const rec = seeded(ctx, pod, decoded.ok ? decoded.spec : undefined);
-    adopt(rec, vm);
+    adopt(ctx, rec, vm);
     if (!decoded.ok) {
       // Its annotations stopped decoding: the VM is kept (never destroyed because of an
       // annotation edit) and the problem is reported.
@@ -119,9 +133,10 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
     }
     if (!vm || vm.state === 'creating' || claimed.has(vm.id) || holderOfName(ctx.pods, key, spec.vmName))
       continue;
+    if (!mayAdopt(ownerOf(pod, vm.name), vm, ctx.ledger.vm(vm.name)).ok) continue;
     claimed.add(vm.id);
     const rec = seeded(ctx, pod, spec);
-    adopt(rec, vm);
+    adopt(ctx, rec, vm);
     await refreshIp(ctx, rec);
     ctx.metrics.adoptByName();
     const changes: Record<string, string | null> = { [VM_ID]: vm.id, [VM_IP]: rec.ip || null };
@@ -140,7 +155,6 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
   }
 
   await sweepOrphans(ctx, listed.value, claimed, referencedVms(live));
-  await indexLocalSnapshots(ctx);
   ctx.startupDoneAt = monoNow();
   for (const rec of [...ctx.pods.values()]) {
     if (rec.vm && rec.ownsVm) {
@@ -187,12 +201,14 @@ function seeded(ctx: ProviderContext, pod: V1Pod, spec: VMSpec | undefined): Pod
   return rec;
 }
 
-/** Binds the VM a managed pod holds after a restart. */
-function adopt(rec: PodRecord, vm: VmRecord): void {
+/** Binds the VM a managed pod holds after a restart (a CH+Windows wake's restore flag comes
+ * from the ledger: a restored guest never gets the PnP fixup of a fresh clone). */
+function adopt(ctx: ProviderContext, rec: PodRecord, vm: VmRecord): void {
   bindVm(rec, vm, {
     owns: true,
     clonedBoot: rec.spec ? isClonedBootSpec(rec.spec) : false,
     startTime: startTimeFromApi(rec.pod.status) ?? new Date(),
+    chWindowsRestore: ctx.ledger.restoreFlag(vm.name),
   });
 }
 
@@ -221,10 +237,22 @@ async function sweepOrphans(
       continue;
     }
     const policy = ctx.config.orphanPolicy;
+    const ours = ctx.ledger.vm(vm.name);
+    if (policy === 'destroy' && !(ours && ours.origin !== 'pulled' && entryOwns(ours, ours.owner, vm))) {
+      // Never destroyed: vk-cocoon did not make it (a host VM, a Go-era VM no pod names).
+      ctx.metrics.orphanVm();
+      ctx.log.warn(
+        { vm: vm.name, vmId: vm.id },
+        'VM no pod claims was not made by vk-cocoon (provenance ledger): kept',
+      );
+      ctx.orphansByName.set(vm.name, vm);
+      continue;
+    }
     if (policy === 'destroy') {
       ctx.log.warn({ vm: vm.name, vmId: vm.id }, 'orphan VM: destroying (VK_ORPHAN_POLICY=destroy)');
       try {
         await ctx.cli.run(removeArgv(vm.id), { timeoutMs: 60_000 });
+        await ctx.ledger.forget('vm', vm.name);
         await releaseLeases(ctx, vm);
       } catch (err) {
         ctx.log.warn({ vm: vm.name, err: String(err) }, 'orphan removal failed; indexing it for adoption');

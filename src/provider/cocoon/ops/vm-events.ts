@@ -182,6 +182,7 @@ async function removeThenEvict(
       return;
     }
   }
+  await ctx.ledger.forget('vm', vm.name);
   await releaseLeases(ctx, vm);
   await evict(ctx, rec, reason, message);
 }
