@@ -70,6 +70,11 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
       VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
       VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),
       VK_LOG_LEVEL: 'debug',
+      // The simulator's VMs take no real cpu or memory, but admission counts every VM at its
+      // size (2 vCPUs, 1 GiB for a fixture snapshot): the node advertises room for hundreds
+      // of them, whatever the test machine has. A test of admission sets its own.
+      VK_NODE_CPU: '1024',
+      VK_NODE_MEM: '2Ti',
       ...o.env,
       // The run's PID registry marker: its teardown finds the daemon and everything it starts.
       ...registryEnv(),

@@ -23,6 +23,7 @@ import { startMetricsServer } from './metrics/server.ts';
 import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
+import { allocatableForAdmission } from './node/node-object.ts';
 import { PodController } from './pods/controller.ts';
 import { PodStatusWriter } from './pods/status-writer.ts';
 import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
@@ -126,7 +127,7 @@ async function main(argv: string[]): Promise<number> {
       'VK_KUBELET_AUTH=none: the kubelet API accepts any client on this loopback address (tests only)',
     );
 
-  const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log);
+  const cli = new CocoonCli(config.cocoonBin, lifetime.signal, log, { transferSlots: config.transferSlots });
   const metrics = createMetrics({ log, vmLabels: config.metricsVmLabels });
   const apiWrites = new Counter({
     name: 'cocoon_vk_api_writes_total',
@@ -175,6 +176,14 @@ async function main(argv: string[]): Promise<number> {
   const status = new PodStatusWriter({ kube, log });
   // Watched while anything waits for a lease (src/net/leases.ts); closed at shutdown.
   const leases = new LeaseFile(config.leasesPath, { log });
+  const nodeFacts = {
+    config,
+    host,
+    nodeIP,
+    version: VERSION,
+    declareWebSockets: config.execWebSocket,
+    nodeIdentity,
+  };
   // The provenance ledger (docs/security.md): opened before anything is adopted; a file
   // that does not decode stops the startup.
   const ledger = await Ledger.open({
@@ -185,6 +194,8 @@ async function main(argv: string[]): Promise<number> {
   const provider = new CocoonProvider({
     ledger,
     status,
+    // CreatePod admission counts against the figures the node object advertises.
+    allocatable: allocatableForAdmission(nodeFacts),
     puller,
     store,
     imageImporter,
@@ -229,7 +240,7 @@ async function main(argv: string[]): Promise<number> {
     kube,
     health: provider,
     log,
-    facts: { config, host, nodeIP, version: VERSION, declareWebSockets: config.execWebSocket, nodeIdentity },
+    facts: nodeFacts,
   });
   await agent.register();
   agent.start();

@@ -119,7 +119,8 @@ export class Bench {
     const daemonEnv: Record<string, string> = {
       ...sim.env(),
       VK_LOG_LEVEL: process.env.VK_LOG_LEVEL ?? 'info',
-      // Only advertised (the node's pod capacity), set so the node object is honest.
+      // The node's pod capacity: CreatePod admission rejects past it (OutOfpods), so every
+      // size fits. cpu and memory: ground/daemon.ts advertises room for the simulator's VMs.
       VK_NODE_PODS: String(Math.max(256, opts.pods)),
     };
     for (const k of PASS_THROUGH) if (process.env[k]) daemonEnv[k] = process.env[k] as string;

@@ -13,6 +13,8 @@ export type Decoded<T> =
 
 const str = v.nullish(v.string(), '');
 const num = v.nullish(v.number(), 0);
+/** A size cocoon may or may not print (older builds do not): absent stays `undefined`. */
+const size = v.nullish(v.number());
 
 // --- VM object (docs/contracts/cocoon-cli.md "VM list") --------------------------------------------------------
 
@@ -34,7 +36,7 @@ const VmSchema = v.object({
   hypervisor: str,
   state: str,
   pid: num,
-  config: v.nullish(v.object({ name: str, image: str, image_type: str }), {
+  config: v.nullish(v.object({ name: str, image: str, image_type: str, cpu: size, memory: size }), {
     name: '',
     image: '',
     image_type: '',
@@ -81,10 +83,18 @@ export interface VmRecord {
   readonly nics: readonly VmNic[];
   readonly storage: readonly VmStorage[];
   readonly vsockSocket: string;
+  /** `config.cpu` (vCPUs) and `config.memory` (bytes) when cocoon prints them: the VM's
+   * real size, counted by admission (src/lifecycle/admission.ts). */
+  readonly cpus?: number;
+  readonly memoryBytes?: number;
   /** RFC 3339 creation time (`''` when cocoon did not print one): the provenance ledger
    * attributes a VM to a create intent only when it was made after the intent. */
   readonly createdAt: string;
 }
+
+/** Only a positive finite size is a size. */
+const sized = (n: number | null | undefined) =>
+  n !== null && n !== undefined && n > 0 && Number.isFinite(n) ? n : undefined;
 
 function toVmRecord(raw: v.InferOutput<typeof VmSchema>): VmRecord {
   return {
@@ -106,8 +116,15 @@ function toVmRecord(raw: v.InferOutput<typeof VmSchema>): VmRecord {
     })),
     storage: raw.storage_configs.map((s) => ({ path: s.path, role: s.role })),
     vsockSocket: raw.vsock_socket,
+    ...sizeFields(raw.config.cpu, raw.config.memory),
     createdAt: raw.created_at,
   };
+}
+
+function sizeFields(cpu: number | null | undefined, memory: number | null | undefined) {
+  const c = sized(cpu);
+  const mem = sized(memory);
+  return { ...(c !== undefined ? { cpus: c } : {}), ...(mem !== undefined ? { memoryBytes: mem } : {}) };
 }
 
 function describeIssues(issues: readonly v.BaseIssue<unknown>[]): string {
@@ -175,6 +192,8 @@ const SnapshotSchema = v.object({
   image_type: str,
   image_blob_ids: v.nullish(v.record(v.string(), v.unknown()), {}),
   hypervisor: str,
+  cpu: size,
+  memory: size,
   created_at: str,
 });
 
@@ -189,6 +208,9 @@ export interface SnapshotRecord {
   readonly imageBlobIds: readonly string[];
   /** `''` when unknown. */
   readonly hypervisor: string;
+  /** vCPUs and memory bytes of the saved VM, when cocoon prints them (its clones' size). */
+  readonly cpus?: number;
+  readonly memoryBytes?: number;
   /** RFC 3339 creation time, `''` when not printed. */
   readonly createdAt: string;
 }
@@ -202,6 +224,7 @@ function toSnapshotRecord(raw: v.InferOutput<typeof SnapshotSchema>): SnapshotRe
     imageType: raw.image_type,
     imageBlobIds: Object.keys(raw.image_blob_ids).sort(),
     hypervisor: raw.hypervisor,
+    ...sizeFields(raw.cpu, raw.memory),
     createdAt: raw.created_at,
   };
 }

@@ -2,10 +2,13 @@
 // with a deadline, the child's whole process group SIGKILLed on deadline, abort or
 // provider shutdown. JSON verbs capture stdout and stderr apart; plain verbs capture the
 // combined output. Error texts match the Go implementation's.
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { type ChildProcess, spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.ts';
-import { type Rank, RankedList, rankNow } from '../util/priority.ts';
+import { currentTenant, FairSlots } from '../util/fair.ts';
+import { currentOpSignal } from '../util/op-signal.ts';
+import { rankNow } from '../util/priority.ts';
 import {
   type CocoonErrorClass,
   classifyCocoonError,
@@ -45,7 +48,25 @@ export interface CliCallOptions {
 export interface CocoonCliOptions {
   /** Concurrent non-streaming calls (default MAX_CONCURRENT_CLI_CALLS). */
   maxConcurrent?: number;
+  /** Concurrent transfers (default DEFAULT_TRANSFER_SLOTS; VK_TRANSFER_SLOTS). */
+  transferSlots?: number;
 }
+
+/** Verbs that move a snapshot or an image (minutes, not seconds): they take a transfer slot,
+ * never one of the short calls' slots (issue 18: 64 slow pulls must not hold the slots the
+ * clones and inspects of other pods need). */
+export function isTransferVerb(argv: readonly string[]): boolean {
+  const verb = `${argv[0] ?? ''} ${argv[1] ?? ''}`;
+  return (
+    verb === 'snapshot import' ||
+    verb === 'snapshot export' ||
+    verb === 'image import' ||
+    verb === 'image pull'
+  );
+}
+
+/** Set while a transfer holds its slot (CocoonCli.transfer): its own transfer verbs run on it. */
+const inTransfer = new AsyncLocalStorage<boolean>();
 
 export interface CliResult {
   stdout: string;
@@ -68,70 +89,41 @@ export function killGroup(child: ChildProcess): void {
 
 export type CliPriority = 'high' | 'normal';
 
-interface SlotWaiter {
-  readonly rank: Rank;
-  readonly grant: () => void;
-}
-
 /** Bounds concurrent cocoon invocations: a burst of pods must not fork hundreds of
  * cocoon processes at once on a host that also runs the VMs. Streaming children (exec,
  * logs, events) are not counted: they live as long as their clients. Waiters leave the
- * queue the moment their signal fires (deadline, abort, shutdown). Waiters are served by
- * rank (src/util/priority.ts): `high` first, then calls without a priority context, then by
- * the pod's admission sequence (oldest pod first), FIFO among equals; so under a burst the
- * pods further along finish before new clones start. */
+ * queue the moment their signal fires (deadline, abort, shutdown). The slots are shared
+ * fairly between namespaces (src/util/fair.ts: calls without a namespace first, then the
+ * waiting namespaces in turn, none holding more than its cap); within a namespace, or among
+ * calls without one, waiters are served by rank (src/util/priority.ts): `high` first, then
+ * calls without a priority context, then by the pod's admission sequence (oldest pod first),
+ * FIFO among equals; so under a burst the pods further along finish before new clones start. */
 export class Semaphore {
-  #free: number;
-  readonly #waiters = new RankedList<SlotWaiter>();
+  readonly #slots: FairSlots;
   constructor(n: number) {
-    this.#free = n;
+    this.#slots = new FairSlots(n);
   }
 
   /** Calls waiting for a slot. */
   get waiting(): number {
-    return this.#waiters.length;
+    return this.#slots.waiting;
   }
 
   /** Resolves with the release function once a slot is free; rejects with the signal's
-   * reason if it fires first (the waiter is removed at once). The rank is taken from
-   * `priority` and the caller's async context (currentPriority) at the call. */
-  async acquire(signal?: AbortSignal, priority: CliPriority = 'normal'): Promise<() => void> {
-    if (signal?.aborted) throw signal.reason;
-    if (this.#free > 0) this.#free--;
-    else {
-      const rank = rankNow(priority === 'high');
-      await new Promise<void>((resolve, reject) => {
-        const waiter: SlotWaiter = {
-          rank,
-          grant: () => {
-            signal?.removeEventListener('abort', onAbort);
-            resolve();
-          },
-        };
-        const onAbort = () => {
-          this.#waiters.remove(waiter);
-          reject(signal?.reason);
-        };
-        signal?.addEventListener('abort', onAbort, { once: true });
-        this.#waiters.insert(waiter);
-      });
-    }
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      const next = this.#waiters.shift();
-      if (next) next.grant();
-      else this.#free++;
-    };
+   * reason if it fires first (the waiter is removed at once). The rank and the tenant are
+   * taken from `priority` and the caller's async context at the call. */
+  acquire(signal?: AbortSignal, priority: CliPriority = 'normal'): Promise<() => void> {
+    return this.#slots.acquire(rankNow(priority === 'high'), currentTenant(), signal);
   }
 }
 
 export const MAX_CONCURRENT_CLI_CALLS = 24;
+export const DEFAULT_TRANSFER_SLOTS = 8;
 
 export class CocoonCli {
   readonly bin: string;
   readonly #slots: Semaphore;
+  readonly #transfers: Semaphore;
   readonly #lifetime: AbortSignal;
   readonly #log: Logger;
   readonly #children = new Set<ChildProcess>();
@@ -139,6 +131,7 @@ export class CocoonCli {
   constructor(bin: string, lifetime: AbortSignal, log: Logger, opts: CocoonCliOptions = {}) {
     this.bin = bin;
     this.#slots = new Semaphore(opts.maxConcurrent ?? MAX_CONCURRENT_CLI_CALLS);
+    this.#transfers = new Semaphore(opts.transferSlots ?? DEFAULT_TRANSFER_SLOTS);
     this.#lifetime = lifetime;
     this.#log = log.child({ module: 'cocoon-cli' });
     lifetime.addEventListener('abort', () => {
@@ -172,6 +165,27 @@ export class CocoonCli {
     return this.#slots.waiting;
   }
 
+  /** Transfers waiting for a transfer slot. */
+  get transfersWaiting(): number {
+    return this.#transfers.waiting;
+  }
+
+  /** Runs a whole transfer (a registry pull or push: downloads, uploads and the cocoon
+   * import or export they feed) holding one transfer slot, so the transfers of the node are
+   * bounded as a whole, not only their cocoon calls. Its own transfer verbs take no second
+   * slot; its short calls (inspect, rm) take call slots as usual. */
+  async transfer<T>(fn: () => Promise<T>, signal?: AbortSignal): Promise<T> {
+    if (inTransfer.getStore()) return await fn();
+    const release = await this.#transfers.acquire(
+      AbortSignal.any([this.#lifetime, ...(signal ? [signal] : [])]),
+    );
+    try {
+      return await inTransfer.run(true, fn);
+    } finally {
+      release();
+    }
+  }
+
   /** Runs a verb to completion; rejects with CocoonCommandError on any failure. The
    * deadline counts from this call, including the wait for a slot; a deadline, abort or
    * shutdown while waiting rejects at once without starting the child. */
@@ -179,10 +193,19 @@ export class CocoonCli {
     const started = performance.now();
     // Whole milliseconds: AbortSignal.timeout rejects a fractional or non-positive delay.
     const deadline = AbortSignal.timeout(Math.max(1, Math.ceil(opts.timeoutMs)));
-    const signal = AbortSignal.any([deadline, this.#lifetime, ...(opts.signal ? [opts.signal] : [])]);
+    // The operation's signal (a bring-up DeletePod aborts, src/util/op-signal.ts) ends the
+    // call too, whether it waits for a slot or runs.
+    const op = currentOpSignal();
+    const signal = AbortSignal.any([
+      deadline,
+      this.#lifetime,
+      ...(opts.signal ? [opts.signal] : []),
+      ...(op ? [op] : []),
+    ]);
     let release: () => void;
     try {
-      release = await this.#slots.acquire(signal, opts.priority);
+      const pool = isTransferVerb(argv) ? (inTransfer.getStore() ? undefined : this.#transfers) : this.#slots;
+      release = pool ? await pool.acquire(signal, opts.priority) : () => {};
     } catch {
       const verb = `cocoon ${argv.slice(0, 2).join(' ')}`;
       const waited = Math.round(performance.now() - started);
@@ -251,7 +274,8 @@ export class CocoonCli {
       message = `cocoon ${argv.slice(0, 2).join(' ')}: deadline of ${opts.timeoutMs} ms exceeded (${message})`;
     else if (this.#lifetime.aborted)
       message = `cocoon ${argv.slice(0, 2).join(' ')}: provider shutting down (${message})`;
-    else if (opts.signal?.aborted) message = `cocoon ${argv.slice(0, 2).join(' ')}: aborted (${message})`;
+    else if (opts.signal?.aborted || signal.aborted)
+      message = `cocoon ${argv.slice(0, 2).join(' ')}: aborted (${message})`;
     this.#log.debug({ argv, ms, err: message }, 'cocoon failed');
     throw new CocoonCommandError(argv, message, output, exit.code);
   }

@@ -7,7 +7,7 @@ import { isIPv4 } from 'node:net';
 import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
 import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
 import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
-import { parseQuantity } from '../vmspec/quantity.ts';
+import { parseQuantity, quantityValue } from '../vmspec/quantity.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
 export type RestoreMode = 'copy' | 'ondemand' | 'mmap';
@@ -57,6 +57,11 @@ export interface Config {
   nodeStorage: string | undefined;
   nodeHugepages: string | undefined;
   nodePods: number;
+  /** VK_MAX_VM_STORAGE in bytes; `undefined` = no cap (set to 0). */
+  maxVmStorageBytes: bigint | undefined;
+  /** VK_TRANSFER_SLOTS: concurrent transfer calls (registry pulls and pushes, `snapshot
+   * import`/`export`, `image import`/`pull`), a pool apart from the short cocoon calls. */
+  transferSlots: number;
   readyDeadlineSeconds: number;
   reconcileIntervalSeconds: number;
   streamIdleTimeoutSeconds: number;
@@ -219,7 +224,23 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     meaning: 'ephemeral-storage capacity override (quantity)',
   },
   { name: 'VK_NODE_HUGEPAGES', default: '(host)', meaning: 'hugepages capacity override (quantity)' },
-  { name: 'VK_NODE_PODS', default: '256', meaning: 'pod capacity' },
+  {
+    name: 'VK_NODE_PODS',
+    default: '256',
+    meaning: 'pod capacity; CreatePod rejects a pod past it (OutOfpods), as the kubelet does',
+  },
+  {
+    name: 'VK_MAX_VM_STORAGE',
+    default: '1Ti',
+    meaning:
+      'largest cocoonset.cocoonstack.io/storage a pod may ask for (quantity); a pod asking for more fails; 0 disables the cap',
+  },
+  {
+    name: 'VK_TRANSFER_SLOTS',
+    default: '8',
+    meaning:
+      'concurrent transfers (registry pulls and pushes, snapshot/image import and export, image pull), a pool apart from the other cocoon calls',
+  },
   {
     name: 'VK_READY_DEADLINE_SECONDS',
     default: '600',
@@ -491,6 +512,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     nodeStorage: quantity('VK_NODE_STORAGE'),
     nodeHugepages: quantity('VK_NODE_HUGEPAGES'),
     nodePods: int('VK_NODE_PODS', 256, 1, 1_000_000),
+    maxVmStorageBytes: storageCap(quantity('VK_MAX_VM_STORAGE') ?? '1Ti'),
+    transferSlots: int('VK_TRANSFER_SLOTS', 8, 1, 256),
     readyDeadlineSeconds,
     reconcileIntervalSeconds: int('VK_RECONCILE_INTERVAL_SECONDS', 15, 1, 60),
     streamIdleTimeoutSeconds: int('VK_STREAM_IDLE_TIMEOUT_SECONDS', 14_400, 1, 604_800),
@@ -514,6 +537,14 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
   }
   return config;
+}
+
+/** A validated storage cap quantity in bytes; `0` means no cap. */
+function storageCap(value: string): bigint | undefined {
+  const q = parseQuantity(value);
+  if (!q || q.negative) return undefined;
+  const bytes = quantityValue(q);
+  return bytes === 0n ? undefined : bytes;
 }
 
 /** `vk-cocoon --help` text, generated from the same table as the parser. */

@@ -106,17 +106,33 @@ export interface Resources {
   allocatable: Record<string, string>;
 }
 
+function cpuCapacityMilli(f: NodeFacts): bigint {
+  if (f.config.nodeCpu) {
+    const q = parseQuantity(f.config.nodeCpu);
+    if (q && !q.negative) return quantityMilliValue(q);
+  }
+  return BigInt(f.host.cpus) * 1000n;
+}
+
+/** The allocatable pods, cpu (millicores) and memory (bytes) as numbers: what pod admission
+ * counts against (src/lifecycle/admission.ts), the same figures the node object advertises. */
+export function allocatableForAdmission(f: NodeFacts): {
+  pods: number;
+  cpuMilli: bigint;
+  memoryBytes: bigint;
+} {
+  return {
+    pods: f.config.nodePods,
+    cpuMilli: reduce(cpuCapacityMilli(f), f.config.reservePercent),
+    memoryBytes: reduce(bytesOrOverride(f.config.nodeMem, f.host.memoryBytes), f.config.reservePercent),
+  };
+}
+
 /** Capacity from the host (or overrides); allocatable withholds VK_RESERVE_PERCENT of
  * every resource except pods, and storage allocatable starts from statfs available. */
 export function nodeResources(f: NodeFacts): Resources {
   const c = f.config;
-  const cpuMilli = (() => {
-    if (c.nodeCpu) {
-      const q = parseQuantity(c.nodeCpu);
-      if (q && !q.negative) return quantityMilliValue(q);
-    }
-    return BigInt(f.host.cpus) * 1000n;
-  })();
+  const cpuMilli = cpuCapacityMilli(f);
   const mem = bytesOrOverride(c.nodeMem, f.host.memoryBytes);
   const storage = bytesOrOverride(c.nodeStorage, f.host.storageTotalBytes);
   const storageAvail = c.nodeStorage ? storage : f.host.storageAvailableBytes;

@@ -808,7 +808,11 @@ export class SnapshotPuller {
     const pulling = this.#flight.do(local, async () => {
       const again = await inspectSnapshot(this.#o.cli, local, this.#o.lifetime);
       if (again) return again;
-      return await this.#pull(registry, repo, tag, local, opts.log ?? this.#log);
+      // A whole pull holds one transfer slot (VK_TRANSFER_SLOTS); its cap counts from the grant.
+      return await this.#o.cli.transfer(
+        () => this.#pull(registry, repo, tag, local, opts.log ?? this.#log),
+        this.#o.lifetime,
+      );
     });
     return await untilAborted(pulling, opts.signal);
   }

@@ -45,12 +45,18 @@ export class RegistrySnapshotStore {
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
+    // A whole push holds one transfer slot (VK_TRANSFER_SLOTS): export, spool and upload.
+    const r = await this.#o.cli.transfer(() => this.#push(args), this.#signal(args.signal));
+    return { digest: r.digest, snapshotId: r.snapshotId, bytes: r.bytes };
+  }
+
+  #push(args: Parameters<RegistrySnapshotStore['push']>[0]) {
     const stamps: Record<string, string> = {};
     if (args.namespace) stamps[ANNOTATION.namespace] = args.namespace;
     if (args.controllerUid) stamps[ANNOTATION.controllerUid] = args.controllerUid;
     if (args.pod) stamps[ANNOTATION.pod] = args.pod;
     if (args.podUid) stamps[ANNOTATION.podUid] = args.podUid;
-    const r = await pushSnapshot({
+    return pushSnapshot({
       registry: this.#o.registry,
       cli: this.#o.cli,
       localName: args.localName,
@@ -64,7 +70,6 @@ export class RegistrySnapshotStore {
       signal: this.#signal(args.signal),
       log: args.log,
     });
-    return { digest: r.digest, snapshotId: r.snapshotId, bytes: r.bytes };
   }
 
   identity(repo: string, tag: string, signal?: AbortSignal): Promise<SnapshotIdentity | 'absent'> {
@@ -82,6 +87,11 @@ export class RegistrySnapshotStore {
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<SnapshotRecord> {
+    // A whole pull holds one transfer slot (VK_TRANSFER_SLOTS); its cap counts from the grant.
+    return this.#o.cli.transfer(() => this.#pull(args), this.#signal(args.signal));
+  }
+
+  #pull(args: Parameters<RegistrySnapshotStore['pull']>[0]): Promise<SnapshotRecord> {
     const cap = AbortSignal.timeout(PULL_CAP_MS);
     const started = performance.now();
     const done = (result: 'ok' | 'failed') =>

@@ -190,6 +190,9 @@ test('started from outside the checkout against the ground, it brings the exampl
       VK_TLS_CERT: join(w.simRoot, 'no-such-cert.crt'),
       VK_TLS_KEY: join(w.simRoot, 'no-such-cert.key'),
       VK_LOG_LEVEL: 'debug',
+      // As ground/daemon.ts: room for the simulator's VMs at their size, whatever this host has.
+      VK_NODE_CPU: '1024',
+      VK_NODE_MEM: '2Ti',
       ...simEnv,
       CACHE_DIRECTORY: cache,
       ...registryEnv(),

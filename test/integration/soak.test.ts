@@ -89,7 +89,12 @@ function makePlans(): Plan[] {
   });
 }
 
-const world = useWorld({ deferDaemon: true, privateGround: true });
+// Every soak pod must be admitted (CreatePod rejects past VK_NODE_PODS, as the kubelet does).
+const world = useWorld({
+  deferDaemon: true,
+  privateGround: true,
+  env: { VK_NODE_PODS: String(Math.max(256, N)) },
+});
 let w: World;
 const plans = makePlans();
 

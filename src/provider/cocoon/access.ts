@@ -1,5 +1,5 @@
 // Container access for the kubelet API (its ContainerAccess port): `kubectl logs` from the VM
-// console log (polled for follow, since `cocoon vm logs` cannot follow) and `kubectl exec`
+// console log (polled for follow in a lane of its own, log-follow.ts) and `kubectl exec`
 // through `cocoon vm exec`. Only the VM the pod holds is ever reached.
 import { PassThrough, type Readable } from 'node:stream';
 import { execArgv, logsArgv } from '../../cocoon/argv.ts';
@@ -13,35 +13,17 @@ import {
   type LogOptions,
   NotFoundError,
 } from '../../kubelet/ports.ts';
-import { pause } from '../../util/deadline.ts';
 import type { ProviderContext } from './context.ts';
+import { LogFollower } from './log-follow.ts';
 import type { PodRecord } from './state.ts';
-
-/** Lines of `next` (a newer tail of the same log) that come after the end of `previous`:
- * the last lines of `previous` are located in `next`, searching from the end. Without an
- * anchor (log rotated, or more new lines than the tail holds) all of `next` is new. */
-export function newLogLines(previous: readonly string[], next: readonly string[]): string[] {
-  const k = Math.min(previous.length, 20);
-  if (k === 0) return [...next];
-  const anchor = previous.slice(previous.length - k);
-  for (let end = next.length - 1; end >= k - 1; end--) {
-    let match = true;
-    for (let i = 0; i < k; i++) {
-      if (next[end - k + 1 + i] !== anchor[i]) {
-        match = false;
-        break;
-      }
-    }
-    if (match) return next.slice(end + 1);
-  }
-  return [...next];
-}
 
 export class VmAccess implements ContainerAccess {
   readonly #ctx: ProviderContext;
+  readonly #follower: LogFollower;
 
   constructor(ctx: ProviderContext) {
     this.#ctx = ctx;
+    this.#follower = new LogFollower(ctx.cli);
   }
 
   #vmOf(namespace: string, pod: string): PodRecord & { vm: VmRecord } {
@@ -76,29 +58,8 @@ export class VmAccess implements ContainerAccess {
       child.stderr?.resume();
       return out;
     }
-    // `cocoon vm logs` has no follow mode: poll the tail every 2 s and emit what is new,
-    // until the client disconnects (the signal aborts) — docs/contracts/virtual-node.md "Logs".
-    void (async () => {
-      let last: string[] = [];
-      let first = true;
-      while (!signal.aborted && !out.destroyed) {
-        try {
-          const { stdout } = await this.#ctx.cli.run(logsArgv(vmId, first ? (opts.tailLines ?? 200) : 1000), {
-            timeoutMs: 30_000,
-            signal,
-          });
-          const lines = stdout.split('\n').filter((l, i, a) => l !== '' || i < a.length - 1);
-          const fresh = first ? lines : newLogLines(last, lines);
-          if (fresh.length > 0) out.write(`${fresh.join('\n')}\n`);
-          last = lines;
-          first = false;
-        } catch {
-          if (signal.aborted) break;
-        }
-        await pause(2000, signal);
-      }
-      out.end();
-    })();
+    // `cocoon vm logs` has no follow mode: polled in a lane of its own (log-follow.ts).
+    this.#follower.follow(vmId, namespace, opts.tailLines ?? 200, out, signal);
     return out;
   }
 

@@ -4,11 +4,14 @@
 import { ArgvError, cloneArgv, imagePullArgv, inspectArgv, removeArgv, runArgv } from '../../cocoon/argv.ts';
 import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
+import { STORAGE } from '../../contract/annotations.ts';
 import { guestProfile } from '../../guest/profiles.ts';
 import { restoreModeFor } from '../../guest/restore-mode.ts';
+import { recordFootprint } from '../../lifecycle/admission.ts';
 import type { Logger } from '../../log.ts';
 import { inspectSnapshot, SnapshotPullError } from '../../registry/pull.ts';
-import { pause } from '../../util/deadline.ts';
+import { pause, untilAborted } from '../../util/deadline.ts';
+import { currentOpSignal } from '../../util/op-signal.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { cpuPolicy } from '../../vmspec/cpu-policy.ts';
 import { runMemoryBytes, type VMSpec } from '../../vmspec/decode.ts';
@@ -78,12 +81,17 @@ export async function cloneBringUp(
       }
     }
     log.info({ snapshot: local, repo, tag }, 'clone source missing locally; pulling it from the registry');
-    await puller.ensure(spec.image, { log });
+    // A delete aborts the wait (the pull itself goes on for whoever else needs it).
+    const signal = currentOpSignal();
+    await untilAborted(Promise.resolve(puller.ensure(spec.image, { log, signal })), signal);
     snap = await inspectSnapshot(ctx.cli, local, undefined);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
     await ctx.ledger.recordPulled(local, snap.id, stamp);
   }
   enforce(checkLocalSource(ctx, rec, local));
+  // Admission counts the next clones of this source at its saved size (admit.ts).
+  const size = recordFootprint(snap.cpus, snap.memoryBytes);
+  if (size) ctx.sourceSizes.set(local, size);
   const vm = await cloneFromSource(ctx, spec, { snapshot: snap });
   return { vm, clonedBoot: true, sourceImage: snap.image };
 }
@@ -129,7 +137,19 @@ export async function cloneFromSource(
   return await settledRecord(ctx, stdout, spec.vmName);
 }
 
+/** The storage cap (VK_MAX_VM_STORAGE): `--storage` is pod-authored and becomes a disk on
+ * the host, so a size past the operator's cap is refused before any cocoon call (permanent:
+ * the pod fails until its annotation changes). Only run mode sends `--storage`; a clone keeps
+ * its source's disk and never reads the annotation. */
+export function checkStorageCap(spec: Pick<VMSpec, 'storageBytes'>, capBytes: bigint | undefined): void {
+  if (capBytes === undefined || spec.storageBytes === undefined || spec.storageBytes <= capBytes) return;
+  throw new BringUpError(
+    `${STORAGE} asks for ${spec.storageBytes} bytes, more than this node's cap VK_MAX_VM_STORAGE=${capBytes} bytes; ask for at most that much`,
+  );
+}
+
 export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger): Promise<BringUpResult> {
+  checkStorageCap(spec, ctx.config.maxVmStorageBytes);
   // With a registry, peek first: a cloud-image artifact is imported and booted under its local
   // name, a snapshot artifact refused; a registry error throws (transient), never a fallback
   // to `image pull` (docs/decisions.md, "Run-mode images").

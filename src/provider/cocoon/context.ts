@@ -10,6 +10,7 @@ import type { Config } from '../../config/env.ts';
 import { GENERATION, parseGeneration } from '../../contract/annotations.ts';
 import type { Kube } from '../../kube/client.ts';
 import type { EventSink } from '../../kube/events.ts';
+import type { AdmissionReason, Allocatable, Footprint } from '../../lifecycle/admission.ts';
 import type { Logger } from '../../log.ts';
 import type { LeaseFile } from '../../net/leases.ts';
 import type { PodStatusSink } from '../../pods/ports.ts';
@@ -23,7 +24,7 @@ import type { PodRecord } from './state.ts';
 /** Pulls a clone-source snapshot from the registry into its local name (docs/registry.md "Pull flow"),
  * de-duplicated per local name; `src/registry/pull.ts` implements it. */
 export interface SnapshotPuller {
-  ensure(image: string, opts: { log?: Logger }): Promise<unknown>;
+  ensure(image: string, opts: { log?: Logger; signal?: AbortSignal }): Promise<unknown>;
 }
 
 /** The run-mode image step with a registry (docs/registry.md "Cloud-image artifacts (run mode)"):
@@ -105,6 +106,9 @@ export interface ProviderDeps {
   store?: SnapshotStore;
   /** Run-mode cloud-image artifacts from the registry; unset without `OCI_REGISTRY`. */
   imageImporter?: RunImageImporter;
+  /** The node's allocatable pods, cpu and memory (the node object's figures): CreatePod
+   * admission counts against it (admit.ts). Unset: only VK_NODE_PODS is checked. */
+  allocatable?: Allocatable;
   /** The provenance ledger: who each VM and snapshot the daemon made belongs to. */
   ledger: Ledger;
 }
@@ -135,6 +139,16 @@ export interface ProviderContext extends ProviderDeps {
   vmRechecks: Map<string, { timer: NodeJS.Timeout; firstAt: number; delayMs: number }>;
   /** One `fork-<source>` save at a time, shared by concurrent forks of one source. */
   forkSaves: Singleflight<SnapshotRecord>;
+  /** Pods rejected by admission, by key: their UID and the reason and message published, so
+   * a repeated CreatePod of the same pod repeats the verdict (the kubelet never re-admits a
+   * rejected pod). Bounded (admit.ts). */
+  rejected: Map<string, { uid: string; reason: AdmissionReason; message: string }>;
+  /** The saved size of clone sources seen by `snapshot inspect`, by local snapshot name:
+   * admission counts a clone that has no VM yet at its source's size. */
+  sourceSizes: Map<string, Footprint>;
+  /** The bring-up queued or running per pod key, with its incarnation: DeletePod aborts it
+   * (ops/abort.ts). */
+  bringUps: Map<string, { uid: string; abort: AbortController }>;
 }
 
 export function generationOf(pod: V1Pod): bigint {

@@ -11,14 +11,17 @@ import { parseVmList, type SnapshotRecord, type VmRecord } from '../../cocoon/re
 import type { ContainerAccess, ExecOutcome, ExecStreams, LogOptions } from '../../kubelet/ports.ts';
 import type { NodeHealth } from '../../node/ports.ts';
 import type { PodLifecycleHandler } from '../../pods/ports.ts';
+import { runAsTenant } from '../../util/fair.ts';
 import { KeyedQueue } from '../../util/keyed-queue.ts';
 import { monoNow } from '../../util/mono-clock.ts';
 import { AdmissionOrder } from '../../util/priority.ts';
 import { Singleflight } from '../../util/singleflight.ts';
 import { VmAccess } from './access.ts';
+import { admission, reject } from './admit.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
 import { type GcResult, SnapshotGc } from './gc.ts';
 import { Loops } from './loops.ts';
+import { abortBringUp } from './ops/abort.ts';
 import { claim, keyOf, startBringUp } from './ops/create.ts';
 import { deletePod } from './ops/delete.ts';
 import { startupReconcile } from './ops/startup.ts';
@@ -26,7 +29,7 @@ import { updatePod } from './ops/update.ts';
 import { onVmEvent, sweepVms } from './ops/vm-events.ts';
 import type { PodRecord } from './state.ts';
 
-export { newLogLines } from './access.ts';
+export { newLogLines } from './log-follow.ts';
 export type CocoonProviderOptions = ProviderDeps;
 
 export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, NodeHealth {
@@ -44,7 +47,14 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     const ctx: ProviderContext = {
       ...deps,
       pods: new Map(),
-      queue: new KeyedQueue({ around: (key, task) => admission.run(key, task, () => ctx.pods.has(key)) }),
+      // The pod's namespace is the tenant of its calls: the call pools are shared fairly
+      // between namespaces (src/util/fair.ts).
+      queue: new KeyedQueue({
+        around: (key, task) =>
+          runAsTenant(key.slice(0, key.indexOf('/')), () =>
+            admission.run(key, task, () => ctx.pods.has(key)),
+          ),
+      }),
       reconcileSoon: (key) => this.#loops.reconcileSoon(key),
       startProbe: (rec, opts) => this.#loops.startProbe(rec, opts),
       retryCreate: (rec) => startBringUp(ctx, rec),
@@ -56,6 +66,9 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       vmRestarts: new Map(),
       vmRechecks: new Map(),
       forkSaves: new Singleflight<SnapshotRecord>(),
+      rejected: new Map(),
+      sourceSizes: new Map(),
+      bringUps: new Map(),
     };
     this.#ctx = ctx;
     this.#loops = new Loops(ctx);
@@ -68,7 +81,15 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
   /** Claims the pod (validation, `creating`) and returns; the bring-up continues in the
    * pod's own queue, so a slow pull never holds a pod-controller worker. */
   async createPod(pod: V1Pod): Promise<void> {
-    const rec = await this.#ctx.queue.run(keyOf(pod), () => claim(this.#ctx, pod));
+    const key = keyOf(pod);
+    const rec = await this.#ctx.queue.run(key, async () => {
+      // Admission first (admit.ts): a pod that does not fit is rejected like the kubelet
+      // rejects it, with no record and no VM. The claim follows in the same tick as the verdict.
+      const verdict = admission(this.#ctx, pod, key);
+      if (verdict.ok) return claim(this.#ctx, pod);
+      await reject(this.#ctx, pod, key, verdict.reason, verdict.message);
+      return undefined;
+    });
     if (rec) startBringUp(this.#ctx, rec);
   }
 
@@ -76,9 +97,12 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     return this.#ctx.queue.run(keyOf(pod), () => updatePod(this.#ctx, pod));
   }
 
+  /** Aborts the pod's bring-up in flight (ops/abort.ts) instead of waiting behind it; the
+   * delete then removes whatever the bring-up made. */
   deletePod(pod: V1Pod): Promise<void> {
     const key = keyOf(pod);
-    return this.#ctx.queue.run(key, () => deletePod(this.#ctx, pod, key));
+    const aborted = abortBringUp(this.#ctx, key, pod.metadata?.uid);
+    return this.#ctx.queue.run(key, () => deletePod(this.#ctx, pod, key, { abortedBringUp: aborted }));
   }
 
   getPod(namespace: string, name: string): V1Pod | undefined {

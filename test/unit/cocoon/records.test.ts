@@ -65,6 +65,9 @@ describe('VM records (cocoon-cli.md §3.1)', () => {
         { path: '/var/lib/cocoon/run/cloudhypervisor/J7QX4MZK2N5VBR3TLWD6YHPC2E/cow.raw', role: 'cow' },
       ],
       vsockSocket: '/var/lib/cocoon/run/cloudhypervisor/J7QX4MZK2N5VBR3TLWD6YHPC2E/vsock.uds',
+      // config.cpu and config.memory: the VM's size, counted by admission.
+      cpus: 2,
+      memoryBytes: 2147483648,
       createdAt: '2026-05-02T09:14:03.118842113Z',
     });
   });
@@ -181,6 +184,8 @@ describe('snapshot records (cocoon-cli.md §3.2)', () => {
       imageType: 'cloudimg',
       imageBlobIds: ['0b7c2f9d4e1a'],
       hypervisor: 'cloud-hypervisor',
+      cpus: 2,
+      memoryBytes: 2147483648,
       createdAt: '2026-05-01T22:40:11.90412Z',
     });
   });
@@ -188,6 +193,9 @@ describe('snapshot records (cocoon-cli.md §3.2)', () => {
   it('missing optional fields are empty', () => {
     const result = parseSnapshotRecord('{"id":"S","name":"n"}');
     assert.ok(result.ok);
+    // An absent (or zero) size is unknown, never 0.
+    assert.equal(result.value.cpus, undefined);
+    assert.equal(result.value.memoryBytes, undefined);
     assert.equal(result.value.image, '');
     assert.equal(result.value.hypervisor, '');
     assert.deepEqual(result.value.imageBlobIds, []);

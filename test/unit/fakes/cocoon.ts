@@ -14,6 +14,7 @@ import {
   type CocoonCli,
   CocoonCommandError,
 } from '../../../src/cocoon/runner.ts';
+import { currentOpSignal } from '../../../src/util/op-signal.ts';
 
 export interface FakeVm {
   id: string;
@@ -23,6 +24,9 @@ export interface FakeVm {
   pid: number;
   image: string;
   nics: { mac: string; network?: { ip: string; gateway: string; prefix: number } | null }[];
+  /** `config.cpu` / `config.memory` (printed only when set). */
+  cpu?: number;
+  memory?: number;
   /** RFC 3339 (`created_at`); a VM made by hand before a test's pod is older than its intent. */
   createdAt: string;
 }
@@ -33,6 +37,9 @@ export interface FakeSnapshot {
   hypervisor: string;
   /** Static addressing of NIC 0 of its clones (a fixup is owed), if any. */
   staticIp?: string;
+  /** Saved vCPUs and memory bytes (printed only when set; its clones get them). */
+  cpu?: number;
+  memory?: number;
 }
 
 export interface FakeCliCall {
@@ -54,7 +61,13 @@ export class FakeCocoon {
   /** The object the provider takes as its `cli`. */
   readonly cli: CocoonCli = {
     bin: '/fake/cocoon',
-    run: (argv: readonly string[], opts: CliCallOptions) => this.#run([...argv], opts),
+    // As the real runner: the operation's abort signal (src/util/op-signal.ts) ends the call.
+    run: (argv: readonly string[], opts: CliCallOptions) => {
+      const op = currentOpSignal();
+      const signal = op && opts.signal ? AbortSignal.any([opts.signal, op]) : (op ?? opts.signal);
+      if (signal?.aborted) return Promise.reject(new CocoonCommandError([...argv], 'aborted', '', null));
+      return this.#run([...argv], { ...opts, signal });
+    },
     spawn: () => {
       throw new Error('FakeCocoon: spawn is not supported');
     },
@@ -105,7 +118,13 @@ export class FakeCocoon {
       hypervisor: vm.hypervisor,
       state: vm.state,
       pid: vm.pid,
-      config: { name: vm.name, image: vm.image, image_type: 'oci' },
+      config: {
+        name: vm.name,
+        image: vm.image,
+        image_type: 'oci',
+        ...(vm.cpu !== undefined ? { cpu: vm.cpu } : {}),
+        ...(vm.memory !== undefined ? { memory: vm.memory } : {}),
+      },
       network_configs: vm.nics.map((n) => ({
         mac: n.mac,
         tap: 'tap0',
@@ -154,6 +173,8 @@ export class FakeCocoon {
           image_type: '',
           image_blob_ids: {},
           hypervisor: s.hypervisor,
+          ...(s.cpu !== undefined ? { cpu: s.cpu } : {}),
+          ...(s.memory !== undefined ? { memory: s.memory } : {}),
         }),
         stderr: '',
       };
@@ -164,7 +185,11 @@ export class FakeCocoon {
       const fromDir = argv.includes('--from-dir');
       if (!fromDir && !this.snapshots.has(last)) this.#fail(argv, `snapshot not found: ${last}`);
       const snap = this.snapshots.get(last);
-      const vm = this.addVm(name, { hypervisor: snap?.hypervisor ?? 'cloud-hypervisor' });
+      const vm = this.addVm(name, {
+        hypervisor: snap?.hypervisor ?? 'cloud-hypervisor',
+        ...(snap?.cpu !== undefined ? { cpu: snap.cpu } : {}),
+        ...(snap?.memory !== undefined ? { memory: snap.memory } : {}),
+      });
       if (snap?.staticIp) vm.nics[0]!.network = { ip: snap.staticIp, gateway: '10.0.0.1', prefix: 24 };
       return { stdout: FakeCocoon.json(vm), stderr: '' };
     }

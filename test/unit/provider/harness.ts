@@ -11,6 +11,7 @@ import { ownerOf } from '../../../src/authority/owner.ts';
 import { loadConfig } from '../../../src/config/env.ts';
 import { EventRecorder, type EventSink } from '../../../src/kube/events.ts';
 import { CONTENT_TYPE_MERGE_PATCH } from '../../../src/kube/rest.ts';
+import type { Allocatable } from '../../../src/lifecycle/admission.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
 import type { PodStatusSink, StatusWriteOptions } from '../../../src/pods/ports.ts';
@@ -81,6 +82,8 @@ export function harness(
     realStatusWriter?: boolean;
     /** The registry side of hibernate and wake (unset: no registry configured). */
     store?: (cocoon: FakeCocoon) => SnapshotStore;
+    /** The node's allocatable for admission (unset: only VK_NODE_PODS is checked). */
+    allocatable?: Allocatable;
     /** The provenance ledger (default: a fresh in-memory one, a first start). Pass the ledger of
      * a previous harness to model a restart that keeps its ledger file. */
     ledger?: Ledger;
@@ -148,6 +151,7 @@ export function harness(
     lifetime: lifetime.signal,
     puller: opts.puller,
     store: opts.store?.(cocoon),
+    allocatable: opts.allocatable,
   });
   return {
     ledger,

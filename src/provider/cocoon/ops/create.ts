@@ -32,6 +32,7 @@ import {
   setStep,
   setWaking,
 } from '../state.ts';
+import { abortableBringUp, bringUpAborted } from './abort.ts';
 import { adoptByName, adoptUnmanaged, salvageByName } from './adopt.ts';
 import { bind, detach } from './bind.ts';
 import { cancelRetry, createFailed, parkFailed } from './failure.ts';
@@ -150,7 +151,10 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
 export function startBringUp(ctx: ProviderContext, rec: PodRecord): void {
   setBringingUp(rec, true);
   void ctx.queue
-    .run(rec.key, () => bringUp(ctx, rec))
+    .run(
+      rec.key,
+      abortableBringUp(ctx, rec, () => bringUp(ctx, rec)),
+    )
     .catch((err: unknown) => logFor(ctx, rec).warn({ err: String(err) }, 'bring-up failed'));
 }
 
@@ -180,6 +184,8 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
       result = await bringUpFrom(ctx, rec, spec, plan, log);
       await confirmVm(ctx, rec, result.vm);
     } catch (err) {
+      // DeletePod aborted it: nothing to record; the delete removes what it made (ops/abort.ts).
+      if (bringUpAborted()) return;
       // The VM may exist all the same: a clone that printed its record and then failed to
       // settle, or one that finished after a restart and now holds the name.
       if (await salvageByName(ctx, rec, spec, err)) return;

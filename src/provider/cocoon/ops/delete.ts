@@ -3,7 +3,8 @@
 // held a VM of its own (unmanaged, failed create, a name another pod holds) removes nothing.
 
 import type { V1Pod } from '@kubernetes/client-node';
-import { removeArgv } from '../../../cocoon/argv.ts';
+import { mayRemove } from '../../../authority/rules.ts';
+import { reconcileStaleCreateArgv, removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import {
@@ -25,7 +26,12 @@ import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
 import { markDeleted, type PodRecord, setDeleting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
 import { cancelRetry } from './failure.ts';
 
-export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): Promise<void> {
+export async function deletePod(
+  ctx: ProviderContext,
+  pod: V1Pod,
+  key: string,
+  opts: { abortedBringUp?: boolean } = {},
+): Promise<void> {
   const rec = ctx.pods.get(key);
   if (!rec) throw new NotFoundError(`pod ${key} is not known to the provider`);
   if (rec.uid !== pod.metadata?.uid) return; // superseded incarnation: success
@@ -43,6 +49,12 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
     (pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE] ??
       rec.pod.metadata?.annotations?.[KEEP_SNAPSHOT_ON_DELETE]) === 'true';
   if (!rec.ownsVm || !vm) {
+    // A bring-up this delete aborted (or an earlier attempt of a pod still `creating`, the
+    // retry of a delete that failed here included) may have left a VM or a placeholder under
+    // the pod's name: level-triggered, looked for on every such delete.
+    const state = rec.intent?.state ?? '';
+    if (!vm && (opts.abortedBringUp || rec.waking || state === '' || state === 'creating'))
+      await removeLeftover(ctx, rec, log);
     // A hibernated pod owns the local copy of its state (unless another pod holds the name).
     const name = rec.spec?.managed ? rec.spec.vmName : '';
     if (name && !keep && rec.intent?.state === 'hibernated' && !holderOfName(ctx.pods, key, name)) {
@@ -79,6 +91,44 @@ export async function deletePod(ctx: ProviderContext, pod: V1Pod, key: string): 
 }
 
 class SnapshotKeptVm extends Error {}
+
+/** After an aborted bring-up (ops/abort.ts): the VM under the pod's name that no other pod
+ * holds is what the bring-up made (it ran under this pod's claim of the name). A `creating`
+ * placeholder of the killed clone is handed to `vm reconcile-stale-create`, which removes it
+ * once its creator is dead (only cocoon knows; ops/stale.ts); any other is removed and its
+ * leases released. Anything inconclusive throws: the delete fails and is retried, so the pod
+ * never finishes deleting with its VM left behind. */
+async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger): Promise<void> {
+  const name = rec.spec?.managed ? rec.spec.vmName : '';
+  if (!name || holderOfName(ctx.pods, rec.key, name)) return;
+  // Only what the ledger gives to this pod's identity (its intent, written before the
+  // clone): a hand-made VM or another tenant's of that name is never removed.
+  if (!mayRemove(ownerOfRec(rec, name), ctx.ledger.vm(name))) return;
+  const left = await inspectVm(ctx, name);
+  if (!left) return;
+  if (left.state === 'creating') {
+    const { stdout } = await ctx.cli.run(reconcileStaleCreateArgv(left.id), { timeoutMs: 60_000 });
+    const outcome = (JSON.parse(stdout) as { outcome?: unknown }).outcome;
+    if (outcome === 'collected' || outcome === 'not-found') {
+      await ctx.ledger.forget('vm', name);
+      log.info({ vmId: left.id, outcome }, 'the aborted bring-up left a placeholder: collected');
+      return;
+    }
+    if (outcome !== 'not-creating')
+      throw new Error(
+        `the aborted bring-up's placeholder ${left.id} of ${name} is not collected yet (${String(outcome)}); retried`,
+      );
+  }
+  try {
+    await ctx.cli.run(removeArgv(left.id), { timeoutMs: 60_000 });
+  } catch (err) {
+    if (!(err instanceof CocoonCommandError && err.errorClass === 'vm_not_found')) throw err;
+  }
+  await ctx.ledger.forget('vm', name);
+  await releaseLeases(ctx, left);
+  ctx.orphansByName.delete(name);
+  log.info({ vmId: left.id, state: left.state }, 'removed the VM an aborted bring-up left');
+}
 
 /** `<vmName>` and `fork-<vmName>`, each only when the ledger gives it to this pod's identity
  * (a base image or another tenant's snapshot of that name is never removed). */
