@@ -303,7 +303,8 @@ describe('push to docker-registry 2.8 (real), checked with crane', () => {
       snapshotId: saved.id,
       baseImage: IMAGE,
       fromNode: 'cocoon-node-2',
-      namespace: '', // pushSnapshot alone stamps none; the provider passes its pod's namespace
+      namespace: '', // pushSnapshot alone stamps none; the provider passes its pod's owner stamps
+      controllerUid: '',
     });
     const latest = await readSnapshotIdentity(registry, 'vk-push-a', 'latest');
     assert.ok(latest !== 'absent');
