@@ -124,3 +124,26 @@ test('unstamped state (a Go host`s push): restored while VK_ACCEPT_UNSTAMPED_STA
     'a VM already running is not touched',
   );
 });
+
+test('tenant B cloning A`s delete-time :latest or A`s fork snapshot by image name is refused before any pull', async () => {
+  await create(
+    'gone-0',
+    nsA,
+    MANAGED('vk-ra-gone', 'acme/agent', { 'vm.cocoonstack.io/snapshot-policy': 'always' }),
+  );
+  await waitState('gone-0', nsA, 'ready');
+  await w.core.deleteNamespacedPod({ namespace: nsA, name: 'gone-0' });
+  await waitForPodGone(w.core, nsA, 'gone-0', 60_000);
+  const latest = await readSnapshotIdentity(registry, 'vk-ra-gone', 'latest');
+  assert.ok(latest !== 'absent');
+  assert.equal(latest.namespace, nsA, 'the delete-time push carries the owner stamps');
+  const imports = () => cliCalls(w).filter((c) => c.argv[0] === 'snapshot' && c.argv[1] === 'import').length;
+  const before = imports();
+  await create('latest-0', nsB, MANAGED('vk-rb-latest', 'vk-ra-gone'));
+  assert.match(message(await waitState('latest-0', nsB, 'failed')), /rule source-foreign/);
+  await create('latest-1', nsB, MANAGED('vk-rb-latest1', 'vk-ra-gone:latest'));
+  assert.match(message(await waitState('latest-1', nsB, 'failed')), /rule source-foreign/);
+  await create('fork-0', nsB, MANAGED('vk-rb-fork', 'fork-vk-ra-main'));
+  assert.match(message(await waitState('fork-0', nsB, 'failed')), /rule source-reserved/);
+  assert.equal(imports(), before, 'nothing pulled');
+});

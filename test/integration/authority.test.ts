@@ -4,6 +4,8 @@
 // working. No registry here: the local-snapshot paths (the registry's are unit-tested and in
 // the hibernate integration files).
 import assert from 'node:assert/strict';
+import { rmSync } from 'node:fs';
+import { join } from 'node:path';
 import { before, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { newNamespace, vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
@@ -147,4 +149,40 @@ test('restart with a ledger: every VM re-bound to its owner, none to another; a 
   await w.restart();
   const mid = await waitState('mid-0', nsA, 'ready', 90_000);
   assert.equal((await vmNames()).get('vk-a-mid'), vmId(mid), 'bound to the VM of its interrupted clone');
+});
+
+test('the Go-upgrade rule: a node without a ledger takes over the VMs its pods name by ID, one pod per VM; a hand-made VM stays unowned', async () => {
+  const main = await w.core.readNamespacedPod({ namespace: nsA, name: 'main-0' });
+  const out = await w.sim([
+    'vm',
+    'clone',
+    '--output',
+    'json',
+    '--name',
+    'vk-hand-upgrade',
+    '--pull',
+    'acme/agent',
+  ]);
+  const handId = (JSON.parse(out) as { id: string }).id;
+  // (A VM two live pods name by ID stays unowned at an upgrade: tenant B's pre-written ID from
+  // the previous test would make A's VM ambiguous, so that pod goes first.)
+  await w.core.deleteNamespacedPod({ namespace: nsB, name: 'steal-id' });
+  await waitForPodGone(w.core, nsB, 'steal-id');
+  await w.daemon.kill();
+  // A node upgraded from the Go daemon: no ledger file yet.
+  rmSync(join(w.simRoot, 'vk-state', 'ledger.json'));
+  await w.restart();
+  const again = await waitState('main-0', nsA, 'ready');
+  assert.equal(vmId(again), vmId(main), 'the VM its pod names by ID is taken over and re-bound');
+  const vms = await vmNames();
+  assert.equal(vms.get('vk-hand-upgrade'), handId, 'a VM no pod names is kept (never destroyed)');
+  // Taken over, it is the pod's identity's: tenant B still cannot claim it.
+  await create('steal-upgraded', nsB, MANAGED('vk-a-main'));
+  assert.match(
+    message(await waitState('steal-upgraded', nsB, 'failed')),
+    /already used by pod|rule name-owned/,
+  );
+  // And unowned, the hand-made VM is refused to a managed pod naming it.
+  await create('claim-hand', nsA, MANAGED('vk-hand-upgrade'));
+  assert.match(message(await waitState('claim-hand', nsA, 'failed')), /rule adopt-unowned/);
 });

@@ -523,3 +523,29 @@ test('SIGKILL during the wake clone: after the restart the pod reaches ready', a
   assert.equal(vm?.state, 'running');
   assert.equal(await w.simulator.diskRead(vmName), 'kill-wake-state');
 });
+
+test('SIGKILL during a CH+Windows wake clone: the restart keeps the restore flag (provenance ledger), so the restored guest gets no PnP fixup', async () => {
+  const name = 'kill-wake-win';
+  const vmName = `vk-${name}`;
+  await readyPod(name, 'windows');
+  await annotate(w.core, w.namespace, name, { [HIBERNATE]: 'true' });
+  await assertHibernated(await waitState(name, 'hibernated', 60_000), vmName);
+  await w.simulator.mergeKnobs({ latency: { 'vm clone': 5000 } });
+  const guestMark = Date.now();
+  await annotate(w.core, w.namespace, name, { [HIBERNATE]: null });
+  await waitFor(
+    'the wake clone in flight',
+    async () => (await simVmRecord(w, vmName))?.state === 'creating',
+    30_000,
+    100,
+  );
+  await kill();
+  await w.restart(env);
+  const woken = await waitState(name, 'ready', 90_000);
+  const vm = await simVmRecord(w, vmName);
+  assert.equal(vmIdOf(woken), vm?.id);
+  const pnp = guestCalls(w, vmName).filter(
+    (g) => Date.parse(g.ts) >= guestMark - 50 && g.argv.join(' ').includes('Get-PnpDevice'),
+  );
+  assert.deepEqual(pnp, [], 'a restored CH+Windows guest never gets the PnP re-enumerate');
+});

@@ -89,7 +89,11 @@ export async function adoptByName(ctx: ProviderContext, rec: PodRecord, spec: VM
     return false;
   }
   await confirmVm(ctx, rec, vm);
-  await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
+  await bind(ctx, rec, vm, {
+    clonedBoot: isClonedBootSpec(spec),
+    // A CH+Windows wake interrupted by a restart is still a restore (no PnP fixup).
+    chWindowsRestore: ctx.ledger.restoreFlag(vm.name),
+  });
   ctx.metrics.podLifecycle('create', 'ok', 'adopted');
   logFor(ctx, rec).info({ vmId: vm.id }, 'adopted an existing VM by name');
   return true;
@@ -119,7 +123,11 @@ export async function salvageByName(
   // is never bound (the failure then names the rule).
   if (!checkAdopt(ctx, rec, vm).ok) return false;
   await confirmVm(ctx, rec, vm);
-  await bind(ctx, rec, vm, { clonedBoot: isClonedBootSpec(spec) });
+  await bind(ctx, rec, vm, {
+    clonedBoot: isClonedBootSpec(spec),
+    // A CH+Windows wake interrupted by a restart is still a restore (no PnP fixup).
+    chWindowsRestore: ctx.ledger.restoreFlag(vm.name),
+  });
   ctx.metrics.podLifecycle('create', 'ok', 'adopted');
   logFor(ctx, rec).info(
     { vmId: vm.id, err: err instanceof Error ? err.message : String(err) },
