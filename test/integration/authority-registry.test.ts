@@ -13,7 +13,7 @@ import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
 import { pushSnapshot, readSnapshotIdentity } from '../../src/registry/push.ts';
-import { annotate, cliCalls, fixture, lifecycle, podEvents } from './helpers.ts';
+import { annotate, cliCalls, fixture, lifecycle, managedAnnotations, podEvents } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -23,12 +23,7 @@ let nsA: string;
 let nsB: string;
 const lifetime = new AbortController();
 
-const MANAGED = (vm: string, image = 'acme/agent', extra: Record<string, string> = {}) => ({
-  'vm.cocoonstack.io/name': vm,
-  'cocoonset.cocoonstack.io/image': image,
-  'cocoonset.cocoonstack.io/managed': 'true',
-  ...extra,
-});
+const MANAGED = managedAnnotations;
 const create = (name: string, ns: string, annotations: Record<string, string>) =>
   w.core.createNamespacedPod({ namespace: ns, body: vmPod(name, w.nodeName, annotations) });
 const message = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '';

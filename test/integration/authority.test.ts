@@ -10,19 +10,14 @@ import { before, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { newNamespace, vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
 import { useWorld, type World } from '../../ground/world.ts';
-import { annotate, cliCalls, fixture, lifecycle } from './helpers.ts';
+import { annotate, cliCalls, fixture, lifecycle, managedAnnotations } from './helpers.ts';
 
 const world = useWorld();
 let w: World;
 let nsA: string;
 let nsB: string;
 
-const MANAGED = (vm: string, image = 'acme/agent', extra: Record<string, string> = {}) => ({
-  'vm.cocoonstack.io/name': vm,
-  'cocoonset.cocoonstack.io/image': image,
-  'cocoonset.cocoonstack.io/managed': 'true',
-  ...extra,
-});
+const MANAGED = managedAnnotations;
 const create = (name: string, ns: string, annotations: Record<string, string>) =>
   w.core.createNamespacedPod({ namespace: ns, body: vmPod(name, w.nodeName, annotations) });
 const message = (p: V1Pod) => p.metadata?.annotations?.['vm.cocoonstack.io/lifecycle-state-message'] ?? '';

@@ -132,3 +132,11 @@ export async function simSnapshotId(w: World, name: string): Promise<string | un
   if (r.code !== 0) return undefined;
   return (JSON.parse(r.stdout) as { id: string }).id;
 }
+
+/** The annotations of a managed clone pod as cocoon-operator writes them. */
+export const managedAnnotations = (vm: string, image = 'acme/agent', extra: Record<string, string> = {}) => ({
+  'vm.cocoonstack.io/name': vm,
+  'cocoonset.cocoonstack.io/image': image,
+  'cocoonset.cocoonstack.io/managed': 'true',
+  ...extra,
+});
