@@ -53,7 +53,9 @@ before(async () => {
     rootDir: w.simRoot,
     leasesPath: w.leasesPath,
     logFile: w.logFile,
-    env: w.simulator.env(),
+    // A node of a size kubectl top can show a non-zero MEMORY% for (the ground's default
+    // advertises 2 TiB so admission never refuses a simulated VM); room for its few VMs.
+    env: { ...w.simulator.env(), VK_NODE_CPU: '64', VK_NODE_MEM: '8Gi' },
     kubeletPort,
   });
   ms = await startMetricsServer({

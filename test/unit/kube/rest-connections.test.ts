@@ -7,10 +7,15 @@ import type { AddressInfo } from 'node:net';
 import { test } from 'node:test';
 import { MAX_REQUEST_SOCKETS, RestClient } from '../../../src/kube/rest.ts';
 
-async function server(t: { after: (fn: () => void) => void }, opts: { holdMs: number }) {
+/** `burst`: answers are held until MAX_REQUEST_SOCKETS requests are in flight at once (or
+ * the burst's last request arrived), so the count of connections does not depend on how fast
+ * a loaded machine runs the client (no wall-clock hold). */
+async function server(t: { after: (fn: () => void) => void }, opts: { burst: number }) {
   let connections = 0;
   let inFlight = 0;
   let maxInFlight = 0;
+  let received = 0;
+  const held: ServerResponse[] = [];
   const watches: ServerResponse[] = [];
   const srv = createServer((req, res) => {
     if (new URL(req.url ?? '/', 'http://x').searchParams.get('watch') === 'true') {
@@ -20,12 +25,16 @@ async function server(t: { after: (fn: () => void) => void }, opts: { holdMs: nu
       return;
     }
     inFlight++;
+    received++;
     maxInFlight = Math.max(maxInFlight, inFlight);
-    setTimeout(() => {
-      inFlight--;
-      res.writeHead(200, { 'content-type': 'application/json' });
-      res.end('{}');
-    }, opts.holdMs);
+    held.push(res);
+    if (held.length >= MAX_REQUEST_SOCKETS || received % opts.burst === 0) {
+      for (const r of held.splice(0)) {
+        inFlight--;
+        r.writeHead(200, { 'content-type': 'application/json' });
+        r.end('{}');
+      }
+    }
   });
   srv.on('connection', () => connections++);
   await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
@@ -41,7 +50,7 @@ async function server(t: { after: (fn: () => void) => void }, opts: { holdMs: nu
 }
 
 test('a burst of requests shares at most MAX_REQUEST_SOCKETS connections, kept for the next burst', async (t) => {
-  const s = await server(t, { holdMs: 20 });
+  const s = await server(t, { burst: 100 });
   const rest = new RestClient({ server: s.url, token: () => 't', source: 'test' });
   t.after(() => rest.close());
   const burst = () =>
@@ -57,7 +66,7 @@ test('a burst of requests shares at most MAX_REQUEST_SOCKETS connections, kept f
 });
 
 test('open watches do not take the connections of requests', async (t) => {
-  const s = await server(t, { holdMs: 5 });
+  const s = await server(t, { burst: 1 });
   const rest = new RestClient({ server: s.url, token: () => 't', source: 'test' });
   t.after(() => rest.close());
   const ac = new AbortController();
