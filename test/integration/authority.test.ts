@@ -181,3 +181,42 @@ test('the Go-upgrade rule: a node without a ledger takes over the VMs its pods n
   await create('claim-hand', nsA, MANAGED('vk-hand-upgrade'));
   assert.match(message(await waitState('claim-hand', nsA, 'failed')), /rule adopt-unowned/);
 });
+
+test('a SIGKILL before and after the clone: the intent alone is dropped, a made VM is recovered by its own identity', async () => {
+  // Before: the ledger intent is written, the clone not started (its source inspect held).
+  await w.simulator.mergeKnobs({ latency: { 'snapshot inspect': 4000 } });
+  try {
+    await create('before-0', nsA, MANAGED('vk-a-before'));
+    await new Promise((r) => setTimeout(r, 1500));
+    await w.daemon.kill();
+  } finally {
+    await w.simulator.mergeKnobs({ latency: null });
+  }
+  assert.equal((await vmNames()).has('vk-a-before'), false, 'no VM made before the kill');
+  await w.restart();
+  const before = await waitState('before-0', nsA, 'ready', 90_000);
+  assert.equal((await vmNames()).get('vk-a-before'), vmId(before));
+  // After: the clone made the VM, the daemon dies in its settle inspect before confirming.
+  await w.simulator.mergeKnobs({ quirks: { clonePidZero: true }, latency: { 'vm inspect': 4000 } });
+  try {
+    await create('after-0', nsA, MANAGED('vk-a-after'));
+    const until = Date.now() + 30_000;
+    while (!(await vmNames()).has('vk-a-after')) {
+      assert.ok(Date.now() < until, 'the clone never ran');
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await new Promise((r) => setTimeout(r, 500));
+    await w.daemon.kill();
+  } finally {
+    await w.simulator.mergeKnobs({ quirks: { clonePidZero: false }, latency: null });
+  }
+  const made = (await vmNames()).get('vk-a-after');
+  await w.restart();
+  const after = await waitState('after-0', nsA, 'ready', 90_000);
+  assert.equal(vmId(after), made, 'its own identity adopted the VM of the interrupted create');
+  assert.equal(
+    cliCalls(w).filter((c) => c.argv[1] === 'clone' && c.argv.includes('vk-a-after')).length,
+    1,
+    'never cloned twice',
+  );
+});
