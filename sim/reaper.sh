@@ -21,13 +21,22 @@ kill_jobs() { for p in $(jobs -p); do kill -9 -- "-$p" 2>/dev/null; done; }
 trap 'kill_jobs; exit 0' TERM INT
 echo "$$" >"$simdir/reaper.ready"
 ticks=0
+# A read that times out mid-line keeps what it read (bash saves partial input on a timeout):
+# it is carried into the next read, never parsed alone. Without this a loaded machine cut
+# requests in two and lost both halves (a stand-in never started, its VM seen dead).
+partial=''
 while :; do
   # A short timeout: bash reaps finished children only between builtins.
-  if IFS=$'\t' read -r -t 0.25 -a req <&3; then
+  line=''
+  if IFS= read -r -t 0.25 line <&3; then
+    line=$partial$line
+    partial=''
+    IFS=$'\t' read -r -a req <<<"$line"
     [ "${#req[@]}" -ge 4 ] || continue
     (exec -a "${req[2]}" "${req[@]:3}") >>"${req[1]}" 2>&1 &
     echo "$!" >"$resp/${req[0]}"
   else
+    partial=$partial$line
     ticks=$((ticks + 1))
     if [ $((ticks % 40)) -eq 0 ]; then
       jobs -n >/dev/null
