@@ -65,20 +65,35 @@ before(async () => {
     exec: [{ match: '^vk-exhaust-', argvRegex: 'systemd-networkd', error: 'boom' }],
   });
   await w.restart();
+  // The watch is resumed from the last version it saw whenever it ends (the apiserver or the
+  // client may close a long watch), so no version of a pod is missed.
   const watch = new Watch(w.kc);
-  const req = await watch.watch(
-    `/api/v1/namespaces/${w.namespace}/pods`,
-    {},
-    (_t: string, p: V1Pod) =>
-      events.push({
-        name: p.metadata?.name ?? '',
-        lifecycle: lifecycle(p),
-        podIP: p.status?.podIP ?? '',
-        at: Date.now(),
-      }),
-    () => {},
-  );
-  stopWatch = () => req.abort();
+  let lastRV = '';
+  let stopped = false;
+  let current: { abort: () => void } | undefined;
+  const open = async (): Promise<void> => {
+    current = await watch.watch(
+      `/api/v1/namespaces/${w.namespace}/pods`,
+      lastRV ? { resourceVersion: lastRV } : {},
+      (_t: string, p: V1Pod) => {
+        lastRV = p.metadata?.resourceVersion ?? lastRV;
+        events.push({
+          name: p.metadata?.name ?? '',
+          lifecycle: lifecycle(p),
+          podIP: p.status?.podIP ?? '',
+          at: Date.now(),
+        });
+      },
+      () => {
+        if (!stopped) setTimeout(() => void open().catch(() => {}), 100);
+      },
+    );
+  };
+  await open();
+  stopWatch = () => {
+    stopped = true;
+    current?.abort();
+  };
   await Promise.all(
     SCENARIOS.map(([name, vm, image, extra]) =>
       w.core.createNamespacedPod({ namespace: w.namespace, body: pod(name, vm, image, extra) }),
