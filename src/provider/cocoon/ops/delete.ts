@@ -3,8 +3,8 @@
 // held a VM of its own (unmanaged, failed create, a name another pod holds) removes nothing.
 
 import type { V1Pod } from '@kubernetes/client-node';
-import { mayRemove } from '../../../authority/rules.ts';
-import { reconcileStaleCreateArgv, removeArgv } from '../../../cocoon/argv.ts';
+import { entryOwns, mayRemove } from '../../../authority/rules.ts';
+import { removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import {
@@ -25,6 +25,7 @@ import { supersedeJobs } from '../readiness/jobs.ts';
 import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
 import { markDeleted, type PodRecord, setDeleting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
 import { cancelRetry } from './failure.ts';
+import { reconcileOnce } from './stale.ts';
 
 export async function deletePod(
   ctx: ProviderContext,
@@ -103,12 +104,15 @@ async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger)
   if (!name || holderOfName(ctx.pods, rec.key, name)) return;
   // Only what the ledger gives to this pod's identity (its intent, written before the
   // clone): a hand-made VM or another tenant's of that name is never removed.
-  if (!mayRemove(ownerOfRec(rec, name), ctx.ledger.vm(name))) return;
+  const entry = ctx.ledger.vm(name);
+  const owner = ownerOfRec(rec, name);
+  if (!mayRemove(owner, entry)) return;
   const left = await inspectVm(ctx, name);
-  if (!left) return;
+  // The very VM the entry was written for (its ID, or made after the intent), not just one of
+  // that name.
+  if (!left || !entryOwns(entry, owner, left)) return;
   if (left.state === 'creating') {
-    const { stdout } = await ctx.cli.run(reconcileStaleCreateArgv(left.id), { timeoutMs: 60_000 });
-    const outcome = (JSON.parse(stdout) as { outcome?: unknown }).outcome;
+    const outcome = await reconcileOnce(ctx, left, log);
     if (outcome === 'collected' || outcome === 'not-found') {
       await ctx.ledger.forget('vm', name);
       log.info({ vmId: left.id, outcome }, 'the aborted bring-up left a placeholder: collected');

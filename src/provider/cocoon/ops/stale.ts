@@ -53,7 +53,8 @@ async function settle(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<
   return false;
 }
 
-async function reconcileOnce(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<Outcome> {
+/** One `vm reconcile-stale-create` of a placeholder; never throws (`error` when inconclusive). */
+export async function reconcileOnce(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<Outcome> {
   try {
     const { stdout } = await ctx.cli.run(reconcileStaleCreateArgv(vm.id), { timeoutMs: 60_000 });
     const outcome = (JSON.parse(stdout) as { outcome?: unknown }).outcome;

@@ -6,6 +6,9 @@ import type { VmRecord } from '../../../cocoon/records.ts';
 import { LIFECYCLE_STATE, VM_ID, VM_NAME } from '../../../contract/annotations.ts';
 import { isManagedRaw } from '../claims.ts';
 import type { ProviderContext } from '../context.ts';
+
+export type TakeOverEntry = Parameters<ProviderContext['ledger']['takeOver']>[0][number];
+
 import { keyOf } from './create.ts';
 
 /** The one-time upgrade rule (docs/security.md, "Upgrading from the Go daemon"): with no
@@ -19,6 +22,23 @@ export async function takeOverAtFirstStart(
   vms: readonly VmRecord[],
   snapshots: readonly { name: string; id: string }[] | undefined,
 ): Promise<void> {
+  const entries = upgradeEntries(pods, vms, snapshots);
+  await ctx.ledger.takeOver(entries);
+  ctx.log.info(
+    {
+      vms: entries.filter((e) => e.kind === 'vm').length,
+      snapshots: entries.filter((e) => e.kind === 'snapshot').length,
+    },
+    "no provenance ledger yet: took over what this node's pods name (one-time upgrade rule)",
+  );
+}
+
+/** The entries the upgrade rule takes over (pure; test/unit/provider/upgrade.test.ts). */
+export function upgradeEntries(
+  pods: readonly V1Pod[],
+  vms: readonly Pick<VmRecord, 'id' | 'name'>[],
+  snapshots: readonly { name: string; id: string }[] | undefined,
+): TakeOverEntry[] {
   const live = pods.filter(
     (p) => p.status?.phase !== 'Succeeded' && p.status?.phase !== 'Failed' && isManagedRaw(p),
   );
@@ -33,7 +53,7 @@ export async function takeOverAtFirstStart(
     const name = ann[VM_NAME] ?? '';
     if (name) snapClaims.set(name, [...(snapClaims.get(name) ?? []), pod]);
   }
-  const entries: Parameters<typeof ctx.ledger.takeOver>[0][number][] = [];
+  const entries: TakeOverEntry[] = [];
   for (const [id, claimants] of vmClaims) {
     const vm = byId.get(id);
     if (!vm || claimants.length !== 1) continue;
@@ -59,12 +79,5 @@ export async function takeOverAtFirstStart(
       pod: { key: keyOf(pod), uid: pod.metadata?.uid ?? '' },
     });
   }
-  await ctx.ledger.takeOver(entries);
-  ctx.log.info(
-    {
-      vms: entries.filter((e) => e.kind === 'vm').length,
-      snapshots: entries.filter((e) => e.kind === 'snapshot').length,
-    },
-    "no provenance ledger yet: took over what this node's pods name (one-time upgrade rule)",
-  );
+  return entries;
 }
