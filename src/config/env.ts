@@ -8,6 +8,7 @@ import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
 import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
 import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
 import { parseQuantity, quantityValue } from '../vmspec/quantity.ts';
+import { PEER_ENV_DOCS, type PeerConfig, parsePeerConfig } from './peer.ts';
 
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
 export type RestoreMode = 'copy' | 'ondemand' | 'mmap';
@@ -84,6 +85,8 @@ export interface Config {
   cloneFromDirRoots: readonly string[];
   /** VK_ALLOWED_NETWORKS and VK_NAMESPACE_NETWORKS: the networks a pod may name. */
   networkPolicy: NetworkPolicy;
+  /** Peer restore: the server of this host's snapshots and the wakes' peer client (docs/peer-restore.md). */
+  peer: PeerConfig;
   /** Later-tier variables that were set: accepted and ignored, logged once at startup. */
   ignoredLaterTier: string[];
 }
@@ -325,25 +328,12 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     meaning: 'later tier: accepted and ignored',
   },
   { name: 'COCOON_MACOS_VNC_PASSWORD', default: '(unset)', meaning: 'later tier: accepted and ignored' },
-  {
-    name: 'VK_STAGING_DIR',
-    default: '/var/lib/cocoon/vk-staging',
-    meaning: 'later tier: accepted and ignored',
-  },
-  { name: 'VK_PEER_ADDR', default: ':12501', meaning: 'later tier: accepted and ignored' },
-  {
-    name: 'VK_COCOON_SNAPSHOT_DIR',
-    default: '/var/lib/cocoon/snapshot/localfile',
-    meaning: 'later tier: accepted and ignored',
-  },
+  ...PEER_ENV_DOCS,
 ];
 
 const LATER_TIER = [
   'VK_COCOON_MACOS_BIN',
   'COCOON_MACOS_VNC_PASSWORD',
-  'VK_STAGING_DIR',
-  'VK_PEER_ADDR',
-  'VK_COCOON_SNAPSHOT_DIR',
   'SNAPSHOT_ZSTD_LEVEL',
   'SNAPSHOT_CHUNK_SIZE_MIB',
 ] as const;
@@ -531,6 +521,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     snapshotCpuClass,
     cloneFromDirRoots: cloneDirRoots.roots,
     networkPolicy: networks.policy,
+    peer: parsePeerConfig(get, problems),
     ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
   };
   if (problems.length > 0) {

@@ -39,6 +39,7 @@ import {
   MAX_CONFIG_BYTES,
   MEDIA_TYPE,
   parseSnapshotConfig,
+  type SnapshotConfig,
   type SnapshotFileInfo,
   validateSnapshotManifest,
 } from './artifact.ts';
@@ -314,6 +315,9 @@ export interface SnapshotIdentity {
   namespace: string;
   /** `vm.cocoonstack.io/controller-uid` (`''` when absent). */
   controllerUid: string;
+  /** The validated config blob: what a peer restore checks the peer against and stages as
+   * `snapshot.json` (docs/peer-restore.md). */
+  config: SnapshotConfig;
 }
 
 /**
@@ -345,6 +349,7 @@ export async function readSnapshotIdentity(
     fromNode: a[ANNOTATION.fromNode] ?? '',
     namespace: a[ANNOTATION.namespace] ?? '',
     controllerUid: a[ANNOTATION.controllerUid] ?? '',
+    config: config.value,
   };
 }
 

@@ -102,19 +102,19 @@ export async function cloneBringUp(
 export async function cloneFromSource(
   ctx: ProviderContext,
   spec: VMSpec,
-  source: { snapshot: SnapshotRecord } | { fromDir: string },
+  source: { snapshot: SnapshotRecord } | { fromDir: string; hypervisor?: string },
   opts: { nics?: number } = {},
 ): Promise<VmRecord> {
   let backend = spec.backend;
-  if ('snapshot' in source) {
-    const snap = source.snapshot;
-    if (snap.hypervisor !== '' && snap.hypervisor !== spec.backend) {
-      throw new BringUpError(
-        `snapshot ${snap.name} was taken with ${snap.hypervisor} but CocoonSet requests ${spec.backend}`,
-      );
-    }
-    if (snap.hypervisor === 'firecracker') backend = 'firecracker';
+  // A directory's hypervisor is known when the daemon staged it (a peer restore: the registry
+  // config's); a pod's clone-from-dir is cocoon's to check.
+  const taken = 'snapshot' in source ? source.snapshot.hypervisor : (source.hypervisor ?? '');
+  if (taken !== '' && taken !== spec.backend) {
+    const what =
+      'snapshot' in source ? `snapshot ${source.snapshot.name}` : `the state staged in ${source.fromDir}`;
+    throw new BringUpError(`${what} was taken with ${taken} but CocoonSet requests ${spec.backend}`);
   }
+  if (taken === 'firecracker') backend = 'firecracker';
   // No `image inspect` first: `--pull` (sent whenever the snapshot records a base image)
   // makes the clone itself fetch a base image missing from the node, and a base image that
   // cannot be had fails this call with cocoon's own message (docs/decisions.md, "Writes per

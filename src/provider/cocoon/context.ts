@@ -14,6 +14,7 @@ import type { AdmissionReason, Allocatable, Footprint } from '../../lifecycle/ad
 import type { Logger } from '../../log.ts';
 import type { LeaseFile } from '../../net/leases.ts';
 import type { PodStatusSink } from '../../pods/ports.ts';
+import type { SnapshotConfig } from '../../registry/artifact.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
 import type { Singleflight } from '../../util/singleflight.ts';
 import { decodeVMSpec } from '../../vmspec/decode.ts';
@@ -55,6 +56,8 @@ export interface SnapshotIdentity {
   readonly namespace?: string;
   /** The pushing pod's controller UID (`vm.cocoonstack.io/controller-uid`); `''` when absent. */
   readonly controllerUid?: string;
+  /** The validated config blob (a peer restore's identity check and `snapshot.json`). */
+  readonly config?: SnapshotConfig;
 }
 
 /** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push flow",
@@ -87,6 +90,28 @@ export interface SnapshotStore {
   }): Promise<SnapshotRecord>;
 }
 
+/** What a peer restore staged (docs/peer-restore.md): a directory `vm clone --from-dir` reads. */
+export interface PeerStaged {
+  readonly dir: string;
+  readonly bytes: number;
+  /** Removes the staging directory (after the clone, whatever its outcome). */
+  release(): Promise<void>;
+}
+
+/** Peer restore (docs/peer-restore.md): the hibernated state of a VM name fetched from the host
+ * that pushed it instead of the registry. src/peer/restorer.ts implements it. */
+export interface PeerRestorer {
+  /** Stages `vmName`'s state from the node `fromNode`. `{ skip }` when that node cannot be asked
+   * (no such node, no address: no attempt, no metric); throws when the restore ran and failed. */
+  restore(args: {
+    vmName: string;
+    fromNode: string;
+    config: SnapshotConfig;
+    signal?: AbortSignal;
+    log: Logger;
+  }): Promise<PeerStaged | { skip: string }>;
+}
+
 export interface ProviderDeps {
   config: Config;
   kube: Kube;
@@ -106,6 +131,8 @@ export interface ProviderDeps {
   store?: SnapshotStore;
   /** Run-mode cloud-image artifacts from the registry; unset without `OCI_REGISTRY`. */
   imageImporter?: RunImageImporter;
+  /** Wakes from the pushing host; unset when VK_PEER_ADDR is empty or there is no registry. */
+  peer?: PeerRestorer;
   /** The node's allocatable pods, cpu and memory (the node object's figures): CreatePod
    * admission counts against it (admit.ts). Unset: only VK_NODE_PODS is checked. */
   allocatable?: Allocatable;

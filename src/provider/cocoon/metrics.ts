@@ -33,6 +33,8 @@ export interface LifecycleMetrics {
   snapshotVerify(result: VerifyResult): void;
   hibernateEvidence(verdict: HibernateEvidenceVerdict): void;
   cloneFromDir(result: Outcome): void;
+  /** A peer restore that ran (a skip is not counted); the duration on success only, as Go. */
+  peerRestore(namespace: string, result: Outcome, seconds: number): void;
   startupResume(op: StartupResumeOp): void;
   podEvictFailure(): void;
   vmInspectTransientFail(): void;
@@ -59,6 +61,7 @@ export const noMetrics: LifecycleMetrics = {
   snapshotVerify: () => {},
   hibernateEvidence: () => {},
   cloneFromDir: () => {},
+  peerRestore: () => {},
   startupResume: () => {},
   podEvictFailure: () => {},
   vmInspectTransientFail: () => {},
@@ -94,6 +97,10 @@ export function lifecycleMetrics(m: Metrics): LifecycleMetrics {
     snapshotVerify: (result) => m.snapshotVerify.inc({ result }),
     hibernateEvidence: (verdict) => m.hibernateEvidence.inc({ verdict }),
     cloneFromDir: (result) => m.cloneFromDir.inc({ result }),
+    peerRestore: (namespace, result, seconds) => {
+      m.snapshotPeerRestore.inc({ result });
+      if (result === 'ok') m.snapshotPeerRestoreDuration.observe({ namespace }, seconds);
+    },
     startupResume: (op) => m.startupResume.inc({ op }),
     podEvictFailure: () => m.podEvictFailure.inc(),
     vmInspectTransientFail: () => m.vmInspectTransientFail.inc(),

@@ -65,8 +65,47 @@ test('every problem is reported at once', () => {
 });
 
 test('later-tier variables are accepted and listed for the startup log', () => {
-  const c = loadConfig({ VK_PEER_ADDR: ':12501', VK_STAGING_DIR: '/tmp/x' });
-  assert.deepEqual(c.ignoredLaterTier.sort(), ['VK_PEER_ADDR', 'VK_STAGING_DIR']);
+  const c = loadConfig({ SNAPSHOT_ZSTD_LEVEL: '3', VK_STAGING_DIR: '/tmp/x' });
+  assert.deepEqual(c.ignoredLaterTier.sort(), ['SNAPSHOT_ZSTD_LEVEL']);
+});
+
+test('peer settings: defaults like the Go daemon, empty VK_PEER_ADDR disables, bad values named', () => {
+  const d = loadConfig({}).peer;
+  assert.deepEqual(d.listen, { host: '', port: 12501 });
+  assert.equal(d.stagingDir, '/var/lib/cocoon/vk-staging');
+  assert.equal(d.snapshotDir, '/var/lib/cocoon/snapshot/localfile');
+  assert.equal(d.plainHttp, false);
+  assert.equal(d.maxStreams, 128);
+  assert.equal(d.bandwidth, 0);
+  assert.equal(loadConfig({ VK_PEER_ADDR: '' }).peer.listen, undefined);
+  assert.deepEqual(loadConfig({ VK_PEER_ADDR: '[::1]:9' }).peer.listen, { host: '::1', port: 9 });
+  const c = loadConfig({
+    VK_PEER_ADDR: '127.0.0.7:7000',
+    VK_PEER_PLAIN_HTTP: 'true',
+    VK_PEER_BANDWIDTH: '500Mi',
+  });
+  assert.deepEqual(c.peer.listen, { host: '127.0.0.7', port: 7000 });
+  assert.equal(c.peer.plainHttp, true);
+  assert.equal(c.peer.bandwidth, 500 * 2 ** 20);
+  assert.throws(
+    () =>
+      loadConfig({
+        VK_PEER_ADDR: 'nope',
+        VK_PEER_PLAIN_HTTP: 'yes',
+        VK_PEER_MAX_STREAMS: '0',
+        VK_PEER_BANDWIDTH: 'fast',
+        VK_STAGING_DIR: 'relative',
+      }),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      [
+        'VK_PEER_ADDR',
+        'VK_PEER_PLAIN_HTTP',
+        'VK_PEER_MAX_STREAMS',
+        'VK_PEER_BANDWIDTH',
+        'VK_STAGING_DIR',
+      ].every((n) => err.message.includes(n)),
+  );
 });
 
 test('--help documents every variable', () => {

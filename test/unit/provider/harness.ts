@@ -16,8 +16,8 @@ import { silentLogger } from '../../../src/log.ts';
 import { LeaseFile } from '../../../src/net/leases.ts';
 import type { PodStatusSink, StatusWriteOptions } from '../../../src/pods/ports.ts';
 import { PodStatusWriter } from '../../../src/pods/status-writer.ts';
-import type { SnapshotPuller, SnapshotStore } from '../../../src/provider/cocoon/context.ts';
-import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
+import type { PeerRestorer, SnapshotPuller, SnapshotStore } from '../../../src/provider/cocoon/context.ts';
+import { type LifecycleMetrics, noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import { CocoonProvider } from '../../../src/provider/cocoon/provider.ts';
 import { FakeCocoon } from '../fakes/cocoon.ts';
 import { type FakeCall, fakeKube } from '../fakes/kube.ts';
@@ -82,6 +82,10 @@ export function harness(
     realStatusWriter?: boolean;
     /** The registry side of hibernate and wake (unset: no registry configured). */
     store?: (cocoon: FakeCocoon) => SnapshotStore;
+    /** The peer restore of wakes (unset: none). */
+    peer?: (cocoon: FakeCocoon) => PeerRestorer;
+    /** The provider's metrics (default: none recorded). */
+    metrics?: LifecycleMetrics;
     /** The node's allocatable for admission (unset: only VK_NODE_PODS is checked). */
     allocatable?: Allocatable;
     /** The provenance ledger (default: a fresh in-memory one, a first start). Pass the ledger of
@@ -144,13 +148,14 @@ export function harness(
     kube: kube.kube,
     cli: cocoon.cli,
     events: sink,
-    metrics: noMetrics,
+    metrics: opts.metrics ?? noMetrics,
     leases: new LeaseFile(leasesPath),
     log: silentLogger,
     nodeIP: '127.0.0.1',
     lifetime: lifetime.signal,
     puller: opts.puller,
     store: opts.store?.(cocoon),
+    peer: opts.peer?.(cocoon),
     allocatable: opts.allocatable,
   });
   return {

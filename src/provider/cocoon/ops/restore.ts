@@ -9,9 +9,10 @@ import { inspectSnapshot, SnapshotPullError } from '../../../registry/pull.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { checkLocalSource, checkRestoreState, mayDropSnapshot, ownerOfRec } from '../authority.ts';
 import { cloneFromSource, inspectVm, SettleError } from '../bringup.ts';
-import type { ProviderContext, SnapshotIdentity } from '../context.ts';
+import type { PeerStaged, ProviderContext, SnapshotIdentity } from '../context.ts';
 import { dropSnapshot, removeSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
+import { peerWake } from './peer-wake.ts';
 
 /** Every wake failure message starts with this (the op retry and a restart recognise it). */
 export const WAKE_PREFIX = 'wake: ';
@@ -72,20 +73,29 @@ export async function hibernateEvidence(
   return { identity: id, where: `${spec.vmName}:hibernate` };
 }
 
-/** The local snapshot a wake or restore clones from (docs/contracts/pod-to-vm.md, "Wake source"): a local
- * `<vmName>` verified against the registry (an unverifiable copy is never trusted), else a
- * registry pull into `<vmName>-hibernate-import`. */
+/** Where a wake or restore clones from: a local snapshot (the verified copy or the registry
+ * import), or a directory a peer restore staged. `source` names it for the `Woken` event
+ * (`<vmName>`, `<vmName>:hibernate` or `peer <node>`). */
+export type WakeSource =
+  | {
+      kind: 'snapshot';
+      name: string;
+      imported: boolean;
+      snapshot: Awaited<ReturnType<typeof inspectSnapshot>>;
+      source: string;
+    }
+  | { kind: 'dir'; staged: PeerStaged; hypervisor: string; source: string };
+
+/** The source a wake or restore clones from (docs/contracts/pod-to-vm.md, "Wake source";
+ * docs/peer-restore.md): a local `<vmName>` verified against the registry (an unverifiable copy
+ * is never trusted), else the pushing host's copy through a peer restore, else a registry pull
+ * into `<vmName>-hibernate-import`. */
 export async function wakeSource(
   ctx: ProviderContext,
   spec: VMSpec,
   rec: PodRecord,
   log: Logger,
-): Promise<{
-  name: string;
-  imported: boolean;
-  image: string;
-  snapshot: Awaited<ReturnType<typeof inspectSnapshot>>;
-}> {
+): Promise<WakeSource> {
   const vmName = spec.vmName;
   const local = await inspectSnapshot(ctx.cli, vmName, undefined);
   // With a registry its `:hibernate` is read first: what a local copy is verified against,
@@ -111,10 +121,17 @@ export async function wakeSource(
     const mine = checkLocalSource(ctx, rec, vmName);
     if (!mine.ok) throw new LifecycleError('WakePullFailed', mine.message, false);
     ctx.localSnapshots.add(vmName);
-    if (!ctx.store) return { name: vmName, imported: false, image: local.image, snapshot: local };
+    const here = {
+      kind: 'snapshot' as const,
+      name: vmName,
+      imported: false,
+      snapshot: local,
+      source: vmName,
+    };
+    if (!ctx.store) return here;
     if (id !== 'absent' && id.snapshotId === local.id) {
       ctx.metrics.snapshotVerify('ok');
-      return { name: vmName, imported: false, image: local.image, snapshot: local };
+      return here;
     }
     ctx.metrics.snapshotVerify('stale');
     log.info(
@@ -134,11 +151,19 @@ export async function wakeSource(
       false,
     );
   }
+  // The pushing host's copy, when the tag names one other than this host (an absent tag skips
+  // the peer: there is nothing to verify a peer's copy against).
+  if (id !== 'absent') {
+    const staged = await peerWake(ctx, spec, rec, id, log);
+    if (staged) {
+      return { kind: 'dir', staged, hypervisor: id.config?.hypervisor ?? '', source: `peer ${staged.node}` };
+    }
+  }
   const name = importName(vmName);
   try {
     log.info({ snapshot: name }, `pulling ${vmName}:hibernate from the registry`);
     const snap = await ctx.store.pull({ repo: vmName, tag: 'hibernate', localName: name, log });
-    return { name, imported: true, image: snap.image, snapshot: snap };
+    return { kind: 'snapshot', name, imported: true, snapshot: snap, source: `${vmName}:hibernate` };
   } catch (err) {
     const absent = err instanceof SnapshotPullError && err.absent;
     throw new LifecycleError(
@@ -160,12 +185,18 @@ export async function restoreBringUp(
   log: Logger,
 ): Promise<{ vm: VmRecord; source: string; chWindows: boolean }> {
   const src = await wakeSource(ctx, spec, rec, log);
-  const snapshot = src.snapshot;
-  if (!snapshot) throw new LifecycleError('WakePullFailed', `snapshot ${src.name} vanished`, true);
+  if (src.kind === 'snapshot' && !src.snapshot)
+    throw new LifecycleError('WakePullFailed', `snapshot ${src.name} vanished`, true);
   const chWindows = spec.backend === 'cloud-hypervisor' && spec.os === 'windows';
+  // A peer-staged directory is the daemon's own (never a pod's clone-from-dir): no root check.
+  const from =
+    src.kind === 'dir'
+      ? { fromDir: src.staged.dir, hypervisor: src.hypervisor }
+      : { snapshot: src.snapshot as NonNullable<typeof src.snapshot> };
+  const fromName = src.kind === 'dir' ? `${src.source} (${src.staged.dir})` : src.name;
   let vm: VmRecord;
   try {
-    vm = await cloneFromSource(ctx, spec, { snapshot }, { nics: chWindows ? 1 : undefined });
+    vm = await cloneFromSource(ctx, spec, from, { nics: chWindows ? 1 : undefined });
   } catch (err) {
     // A VM that may exist under the name is looked up by the caller (salvage), unwrapped.
     if (err instanceof SettleError) throw err;
@@ -177,7 +208,7 @@ export async function restoreBringUp(
       if (holder?.state === 'creating') {
         throw new LifecycleError(
           'WakeCloneFailed',
-          `clone ${spec.vmName} from ${src.name}: a clone of that name is still in flight (VM ${holder.id} creating); retrying`,
+          `clone ${spec.vmName} from ${fromName}: a clone of that name is still in flight (VM ${holder.id} creating); retrying`,
           true,
         );
       }
@@ -185,11 +216,12 @@ export async function restoreBringUp(
     }
     throw new LifecycleError(
       'WakeCloneFailed',
-      `clone ${spec.vmName} from ${src.name}: ${errText(err)}`,
+      `clone ${spec.vmName} from ${fromName}: ${errText(err)}`,
       true,
     );
   } finally {
-    if (src.imported) void dropSnapshot(ctx, src.name, log);
+    if (src.kind === 'dir') await src.staged.release().catch(() => {});
+    else if (src.imported) void dropSnapshot(ctx, src.name, log);
   }
-  return { vm, source: src.imported ? `${spec.vmName}:hibernate` : src.name, chWindows };
+  return { vm, source: src.source, chWindows };
 }

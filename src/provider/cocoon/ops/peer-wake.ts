@@ -1,0 +1,61 @@
+// The peer step of a wake (docs/peer-restore.md, "When a wake asks a peer"): after the local
+// copy and before the registry pull, the hibernated state is fetched from the host that pushed
+// it (the manifest's `cocoonstack.snapshot.from-node`). A skip (no such host, this host, no
+// config) costs nothing; a failed restore is counted, logged and falls back to the registry.
+import type { Logger } from '../../../log.ts';
+import type { VMSpec } from '../../../vmspec/decode.ts';
+import type { PeerStaged, ProviderContext, SnapshotIdentity } from '../context.ts';
+import type { PodRecord } from '../state.ts';
+
+const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
+
+/** Stages the state of `spec.vmName` from its pushing host, or `undefined` when the wake should
+ * pull from the registry instead (skipped or failed; the reason is logged). */
+export async function peerWake(
+  ctx: ProviderContext,
+  spec: VMSpec,
+  rec: PodRecord,
+  id: SnapshotIdentity,
+  log: Logger,
+): Promise<(PeerStaged & { node: string }) | undefined> {
+  const node = id.fromNode;
+  if (!ctx.peer) return undefined;
+  if (node === '' || node === ctx.config.nodeName || !id.config) {
+    log.debug(
+      { fromNode: node || '(none)' },
+      node === ctx.config.nodeName
+        ? 'peer restore skipped: the state was pushed by this host'
+        : 'peer restore skipped: the manifest names no pushing host',
+    );
+    return undefined;
+  }
+  const namespace = rec.pod.metadata?.namespace ?? '';
+  const started = performance.now();
+  try {
+    const r = await ctx.peer.restore({
+      vmName: spec.vmName,
+      fromNode: node,
+      config: id.config,
+      signal: ctx.lifetime,
+      log,
+    });
+    if ('skip' in r) {
+      log.info({ fromNode: node, why: r.skip }, 'peer restore skipped; pulling from the registry');
+      return undefined;
+    }
+    const seconds = (performance.now() - started) / 1000;
+    ctx.metrics.peerRestore(namespace, 'ok', seconds);
+    log.info(
+      { fromNode: node, bytes: r.bytes, seconds: Number(seconds.toFixed(2)) },
+      `peer restore ${spec.vmName} from ${node} in ${seconds.toFixed(1)} s`,
+    );
+    return { ...r, node };
+  } catch (err) {
+    ctx.metrics.peerRestore(namespace, 'failed', 0);
+    log.warn(
+      { fromNode: node, err: errText(err) },
+      `peer restore of ${spec.vmName} from ${node} failed; falling back to the registry`,
+    );
+    return undefined;
+  }
+}
