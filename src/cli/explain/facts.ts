@@ -92,6 +92,15 @@ export interface EventReport {
   readonly message: string;
 }
 
+/** The source of a wake (docs/peer-restore.md): the verified local copy, the pushing host (a
+ * peer restore) or the registry's `<vmName>:hibernate`. */
+export interface WakeReport {
+  readonly source: 'local' | 'peer' | 'registry' | 'other';
+  /** The local snapshot, the peer node or the registry reference. */
+  readonly from: string;
+  readonly at: string | null;
+}
+
 export interface VmReport {
   readonly id: string | null;
   readonly ip: string | null;
@@ -158,6 +167,8 @@ export interface ExplainReport {
   };
   readonly step: StepReport | null;
   readonly vm: VmReport;
+  /** Where the last wake cloned from (its `Woken` event), or null when none is on record. */
+  readonly wake: WakeReport | null;
   readonly postClone: PostCloneReport;
   /** The Warning reason that decided a failure (an event of ours, else inferred from the message). */
   readonly failure: {

@@ -111,6 +111,17 @@ function vmLine(r: ExplainReport): string {
   return `${head}  ${tail}${saved}`;
 }
 
+const WAKE_SOURCES = {
+  local: 'the verified local copy',
+  peer: 'peer restore from node',
+  registry: 'registry pull of',
+  other: 'cloned from',
+} as const;
+
+function wakeLine(w: NonNullable<ExplainReport['wake']>): string {
+  return `${WAKE_SOURCES[w.source]} ${w.from}${w.at ? ` at ${w.at}` : ''}`;
+}
+
 export function renderText(r: ExplainReport, now: Date): string {
   const out: string[] = [];
   const p = r.pod;
@@ -146,6 +157,7 @@ export function renderText(r: ExplainReport, now: Date): string {
       : `${s.reason} (Readiness=${s.status})${s.reason === 'Failed' && s.message === l.message ? ': the lifecycle message' : `: ${cut(oneLine(s.message), 240)}`}`;
     out.push(...field('Step', stepText));
     out.push(...field('VM', vmLine(r)));
+    if (r.wake) out.push(...field('Last wake', wakeLine(r.wake)));
   }
   const pc = r.postClone;
   if (pc.state || pc.hint || pc.errors.length > 0) {

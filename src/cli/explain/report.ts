@@ -21,6 +21,7 @@ import {
   specSection,
   stepSection,
   vmSection,
+  wakeSection,
 } from './sections.ts';
 import { verdict } from './verdict.ts';
 
@@ -81,6 +82,7 @@ export function explain(f: ExplainFacts): ExplainReport {
     },
     step,
     vm,
+    wake: wakeSection(events),
     postClone,
     failure,
     events,

@@ -17,6 +17,7 @@ import type {
   SpecReport,
   StepReport,
   VmReport,
+  WakeReport,
 } from './facts.ts';
 import { isOurs, isoTime } from './facts.ts';
 
@@ -100,6 +101,23 @@ export function eventsSection(events: readonly CoreV1Event[]): { ours: EventRepo
     }))
     .sort((a, b) => (a.lastTime ?? '').localeCompare(b.lastTime ?? ''));
   return { ours, others: events.length - ours.length };
+}
+
+/** The last wake's source, from the `Woken` event's `cloned from …` (written by
+ * src/provider/cocoon/ops/create.ts: `peer <node>`, `<vmName>:hibernate`, or `<vmName>`). */
+export function wakeSection(events: readonly EventReport[]): WakeReport | null {
+  const woken = events.findLast((e) => e.reason === 'Woken');
+  if (!woken) return null;
+  const from = woken.message.replace(/^cloned from /, '');
+  const peer = /^peer (\S+)/.exec(from);
+  const source: WakeReport['source'] = peer
+    ? 'peer'
+    : from.endsWith(':hibernate')
+      ? 'registry'
+      : from !== woken.message && !/\s/.test(from)
+        ? 'local'
+        : 'other';
+  return { source, from: peer ? (peer[1] as string) : from, at: woken.lastTime };
 }
 
 export function vmSection(f: ExplainFacts): VmReport {

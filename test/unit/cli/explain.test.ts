@@ -457,3 +457,39 @@ test('the text screen: one screen, the hint verbatim, long lists cut', () => {
   assert.ok(text.includes('message: the 60 post-clone errors (below)'));
   assert.equal(lines[0], `vk-cocoon explain ${NS}/db-0`);
 });
+
+test('the last wake: its source from the Woken event (peer, registry or the verified local copy)', () => {
+  const p = pod(
+    'web-1',
+    ann('vk-web-1', {
+      'vm.cocoonstack.io/id': VM_ID,
+      'vm.cocoonstack.io/lifecycle-state': 'ready',
+    }),
+    { ready: true, readiness: { status: 'True', reason: 'Ready', message: 'lifecycle ready' } },
+  );
+  const woken = (message: string, at: string) => event('Woken', message, { type: 'Normal', at });
+  const peer = explain(
+    facts(p, [
+      created,
+      woken('cloned from vk-web-1:hibernate', '2026-03-01T12:00:05Z'),
+      woken('cloned from peer host-b', '2026-03-01T12:00:09Z'),
+    ]),
+  );
+  assert.deepEqual(peer.wake, { source: 'peer', from: 'host-b', at: '2026-03-01T12:00:09Z' });
+  assert.match(renderText(peer, NOW), /Last wake\s+peer restore from node host-b at 2026-03-01T12:00:09Z/);
+  assert.deepEqual(
+    explain(facts(p, [created, woken('cloned from vk-web-1:hibernate', '2026-03-01T12:00:05Z')])).wake,
+    {
+      source: 'registry',
+      from: 'vk-web-1:hibernate',
+      at: '2026-03-01T12:00:05Z',
+    },
+  );
+  assert.equal(
+    explain(facts(p, [created, woken('cloned from vk-web-1', '2026-03-01T12:00:05Z')])).wake?.source,
+    'local',
+  );
+  const none = explain(facts(p, [created]));
+  assert.equal(none.wake, null);
+  assert.doesNotMatch(renderText(none, NOW), /Last wake/);
+});
