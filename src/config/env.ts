@@ -466,6 +466,21 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
   const [kubeEventQps, kubeEventBurst] = budget('VK_KUBE_EVENT', 25);
   const [kubeHeartbeatQps, kubeHeartbeatBurst] = budget('VK_KUBE_HEARTBEAT', 5);
 
+  const peer = parsePeerConfig(get, problems);
+  // A pod's clone-from-dir reads under its roots; the daemon's own staged peer restores and
+  // cocoon's snapshot data must never be among them (another tenant's state).
+  for (const root of cloneDirRoots.roots) {
+    for (const [name, dir] of [
+      ['VK_STAGING_DIR', peer.stagingDir],
+      ['VK_COCOON_SNAPSHOT_DIR', peer.snapshotDir],
+    ] as const) {
+      const within = (a: string, b: string) => a === b || a.startsWith(`${b.replace(/\/+$/, '')}/`);
+      if (within(root, dir) || within(dir, root))
+        problems.push(
+          `VK_CLONE_FROM_DIR_ROOTS: root ${root} overlaps ${name}=${dir}: a pod's clone-from-dir would reach the daemon's own snapshot state`,
+        );
+    }
+  }
   const config: Config = {
     kubeconfig: optional('KUBECONFIG'),
     nodeName,
@@ -521,7 +536,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     snapshotCpuClass,
     cloneFromDirRoots: cloneDirRoots.roots,
     networkPolicy: networks.policy,
-    peer: parsePeerConfig(get, problems),
+    peer,
     ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
   };
   if (problems.length > 0) {

@@ -119,3 +119,20 @@ test('the README configuration table matches the parser', async () => {
   const readme = readFileSync(new URL('../../../README.md', import.meta.url), 'utf8');
   assert.equal(readmeTable(readme), configTable());
 });
+
+test('a clone-from-dir root may not overlap the staging or snapshot dirs', () => {
+  assert.throws(
+    () =>
+      loadConfig({
+        VK_CLONE_FROM_DIR_ROOTS: '/var/lib/cocoon',
+        VK_STAGING_DIR: '/var/lib/cocoon/vk-staging',
+      }),
+    (err: unknown) =>
+      err instanceof ConfigError &&
+      /overlaps VK_STAGING_DIR/.test(err.message) &&
+      /overlaps VK_COCOON_SNAPSHOT_DIR/.test(err.message),
+  );
+  assert.deepEqual(loadConfig({ VK_CLONE_FROM_DIR_ROOTS: '/srv/exports' }).cloneFromDirRoots, [
+    '/srv/exports',
+  ]);
+});
