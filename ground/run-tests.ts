@@ -188,7 +188,9 @@ if (jobs.some((j) => j.needsGround)) {
     await end({ kind: 'error', error: err });
   }
   const g = ground as Ground;
-  console.log(`ground: kube-apiserver ${g.cluster.version} at ${g.cluster.url}; registry ${g.registry.url}`);
+  console.log(
+    `ground: kube-apiserver ${g.cluster.version} at ${g.cluster.url}; registry ${g.registry.url} (${g.registry.kind}, ${g.registry.version})`,
+  );
 }
 say(
   `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time on ${availableParallelism()} cores: ` +
