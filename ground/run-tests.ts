@@ -51,7 +51,10 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/stale-creates.test.ts': { estimate: 35 },
   'test/integration/startup.test.ts': { estimate: 30 },
   'test/integration/bringup.test.ts': { estimate: 30 },
-  'test/integration/demo.test.ts': { estimate: 30 },
+  // --hosts 3 since the fleet ground: 6 pods on 3 hosts (about 20 s alone).
+  'test/integration/demo.test.ts': { estimate: 35 },
+  // Three hosts, a pod on each, kill/killHost/stopFleet, both registries (13-15 s alone).
+  'test/integration/fleet.test.ts': { estimate: 20 },
   'test/integration/writes.test.ts': { estimate: 25 },
   // Builds the release (≈ 20 s, mostly gzip) unless dist/ has the artifact of unchanged inputs (7 s).
   'test/integration/release.test.ts': { estimate: 25 },
