@@ -21,6 +21,15 @@ export interface DaemonOptions {
   env?: Record<string, string>;
   kubeletPort?: number;
   /**
+   * VK_NODE_IP, the node's InternalIP (default 127.0.0.1): the address the apiserver proxies
+   * logs/exec to and the readiness check and metrics listener use. Any 127/8 address is
+   * loopback on Linux, so every host of a fleet (ground/fleet.ts) has its own. The daemon binds
+   * the kubelet port on all addresses, so hosts still need ports of their own.
+   */
+  nodeIp?: string;
+  /** Started in its own session and unref'd: outlives the caller (`npm run cluster -- up --hosts N`). */
+  detached?: boolean;
+  /**
    * Whose credentials the daemon runs with: `node` (default), the node identity
    * `system:node:<nodeName>` as on a kubeadm cluster (ground/node-identity.ts, a certificate
    * made once per node name next to the log file); `provider`, the ground's user `vk-cocoon`
@@ -31,6 +40,7 @@ export interface DaemonOptions {
 
 export interface Daemon {
   pid: number;
+  nodeIp: string;
   kubeletPort: number;
   metricsPort: number;
   child: ChildProcess;
@@ -41,6 +51,7 @@ export interface Daemon {
 }
 
 export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
+  const nodeIp = o.nodeIp ?? '127.0.0.1';
   const kubeletPort = o.kubeletPort ?? (await freePort());
   const metricsPort = await freePort();
   const kubeconfig =
@@ -51,14 +62,15 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   // Started the way a host starts it (bin/vk-cocoon execs node, so the PID is the daemon's).
   const child = spawn(join(repoRoot, 'bin', 'vk-cocoon'), ['run'], {
     stdio: ['ignore', fd, fd],
+    detached: o.detached ?? false,
     env: {
       PATH: process.env.PATH ?? '/usr/bin:/bin',
       HOME: process.env.HOME ?? '/root',
       KUBECONFIG: kubeconfig,
       VK_NODE_NAME: o.nodeName,
-      VK_NODE_IP: '127.0.0.1',
+      VK_NODE_IP: nodeIp,
       VK_KUBELET_PORT: String(kubeletPort),
-      VK_METRICS_ADDR: `127.0.0.1:${metricsPort}`,
+      VK_METRICS_ADDR: `${nodeIp}:${metricsPort}`,
       VK_COCOON_BIN: o.cocoonBin,
       COCOON_ROOT_DIR: o.rootDir,
       COCOON_SIM_ROOT: o.rootDir,
@@ -82,6 +94,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   });
   const pid = child.pid ?? 0;
   recordPid(pid, 'vk-cocoon', ['run']);
+  if (o.detached) child.unref();
   let exitCode: number | null | undefined;
   const exited = new Promise<number | null>((resolve) =>
     child.once('exit', (code) => {
@@ -100,7 +113,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
     waitFor(
       `vk-cocoon to serve the kubelet API on ${kubeletPort} (log: ${o.logFile})`,
       async () => {
-        const res = await httpsGet(`https://127.0.0.1:${kubeletPort}/healthz`).catch(() => undefined);
+        const res = await httpsGet(`https://${nodeIp}:${kubeletPort}/healthz`).catch(() => undefined);
         return res?.status === 200;
       },
       60_000,
@@ -114,6 +127,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   serving = true;
   return {
     pid,
+    nodeIp,
     kubeletPort,
     metricsPort,
     child,

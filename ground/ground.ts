@@ -8,7 +8,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach } from 'node:test';
 import { type ClusterState, startCluster, stopCluster } from './cluster.ts';
-import { type RegistryState, startRegistry, stopRegistry } from './registry.ts';
+import {
+  defaultRegistryKind,
+  type RegistryKind,
+  type RegistryState,
+  startRegistry,
+  stopRegistry,
+} from './registry.ts';
 
 export interface Ground {
   dir: string;
@@ -23,6 +29,9 @@ export async function startGround(
     log?: (line: string) => void;
     /** The apiserver's audit log of writes (ClusterOptions.audit; `cluster.auditLog`). Off by default. */
     audit?: boolean;
+    /** The registry's kind (ground/registry.ts; recorded as `registry.kind` in ground.json).
+     * Default: Debian's docker-registry 2.8, or VK_REGISTRY_KIND. */
+    registry?: RegistryKind;
   } = {},
 ): Promise<Ground> {
   const cluster = await startCluster({
@@ -33,8 +42,10 @@ export async function startGround(
   });
   let registry: RegistryState;
   try {
-    opts.log?.('starting docker-registry');
-    registry = await startRegistry(join(dir, 'registry'), opts.detached);
+    const kind = opts.registry ?? defaultRegistryKind();
+    opts.log?.(`starting the registry (${kind})`);
+    registry = await startRegistry(join(dir, 'registry'), { kind, detached: opts.detached });
+    opts.log?.(`registry ${registry.version} at ${registry.url}`);
   } catch (err) {
     await stopCluster(cluster);
     throw err;
@@ -46,7 +57,11 @@ export async function startGround(
 
 export function readGround(dir: string): Ground | undefined {
   const file = join(dir, 'ground.json');
-  return existsSync(file) ? (JSON.parse(readFileSync(file, 'utf8')) as Ground) : undefined;
+  if (!existsSync(file)) return undefined;
+  const g = JSON.parse(readFileSync(file, 'utf8')) as Ground;
+  // A ground.json written before grounds had a registry kind ran Debian's 2.8.
+  g.registry.kind ??= 'docker-registry';
+  return g;
 }
 
 export async function stopGround(g: Ground): Promise<void> {
@@ -60,6 +75,11 @@ export interface UseGroundOptions {
    * restart the apiserver (the other files of the run share theirs meanwhile).
    */
   private?: boolean;
+  /**
+   * The registry kind this file needs. When the shared ground runs another kind, the file gets
+   * a private ground with this one (as with `private`). Default: whatever the ground runs.
+   */
+  registry?: RegistryKind;
 }
 
 /**
@@ -87,15 +107,17 @@ export function useGround(opts: UseGroundOptions = {}): () => Promise<Ground> {
   return () => {
     if (pending) return pending;
     const shared = process.env.VK_TEST_GROUND_DIR;
-    if (shared && !opts.private) {
-      const g = readGround(shared);
-      pending = g
-        ? Promise.resolve(g)
-        : Promise.reject(new Error(`VK_TEST_GROUND_DIR=${shared} holds no ground.json`));
+    const sharedGround = shared && !opts.private ? readGround(shared) : undefined;
+    if (shared && !opts.private && !sharedGround) {
+      pending = Promise.reject(new Error(`VK_TEST_GROUND_DIR=${shared} holds no ground.json`));
+      return pending;
+    }
+    if (sharedGround && (!opts.registry || sharedGround.registry.kind === opts.registry)) {
+      pending = Promise.resolve(sharedGround);
       return pending;
     }
     own = mkdtempSync(join(shared ?? tmpdir(), shared ? 'private-ground-' : 'vk-ground-'));
-    pending = startGround(own);
+    pending = startGround(own, { registry: opts.registry });
     return pending;
   };
 }

@@ -1,9 +1,40 @@
-// Debian's docker-registry (CNCF distribution 2.8) on loopback (test-ground.md §6).
-import { mkdirSync, writeFileSync } from 'node:fs';
+// The test ground's OCI registry on loopback, one of two kinds (docs/test-ground.md, Registries):
+//  - `docker-registry`: Debian's docker-registry (CNCF distribution 2.8). The default: a test
+//    pins its quirks (registry-push.test.ts: a tag DELETE is 400 DIGEST_INVALID, 2.8 deletes by
+//    digest only, and the client's digest fallback is tested through that).
+//  - `distribution`: CNCF distribution v3 (`registry serve`), built from the Go module proxy by
+//    scripts/distributionbin.sh (VK_DISTRIBUTION_BIN, else the script). It deletes tags
+//    (`DELETE /v2/<repo>/manifests/<tag>` answers 202). A ground opts in.
+// Both run with filesystem storage, deletes enabled and the same `version: 0.1` configuration.
+// VK_REGISTRY_KIND=distribution makes v3 the default of a run (npm test, the demo, cluster).
+import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { freePort, isAlive, startProcess, stopPid, waitFor } from './proc.ts';
+import { repoRoot } from './cluster.ts';
+import { freePort, isAlive, run, startProcess, stopPid, waitFor } from './proc.ts';
+
+export type RegistryKind = 'distribution' | 'docker-registry';
+export const REGISTRY_KINDS: readonly RegistryKind[] = ['distribution', 'docker-registry'];
+
+/** The kind a ground runs unless it asks for one: VK_REGISTRY_KIND, else Debian's 2.8. */
+export function defaultRegistryKind(): RegistryKind {
+  const env = process.env.VK_REGISTRY_KIND;
+  if (env === undefined || env === '') return 'docker-registry';
+  if (!(REGISTRY_KINDS as readonly string[]).includes(env))
+    throw new Error(`VK_REGISTRY_KIND=${env}: expected one of ${REGISTRY_KINDS.join(', ')}`);
+  return env as RegistryKind;
+}
+
+/** The registry's name in a PID registry (the basename of its executable). */
+export function registryCommandName(kind: RegistryKind = defaultRegistryKind()): string {
+  return kind === 'distribution' ? 'registry' : 'docker-registry';
+}
 
 export interface RegistryState {
+  kind: RegistryKind;
+  /** The registry's own version line, e.g. `github.com/distribution/distribution/v3 v3.1.2`. */
+  version: string;
+  /** The executable (its basename is the name in the PID registry: `registry`, `docker-registry`). */
+  bin: string;
   dir: string;
   port: number;
   pid: number;
@@ -12,7 +43,33 @@ export interface RegistryState {
   url: string;
 }
 
-export async function startRegistry(dir: string, detached = false): Promise<RegistryState> {
+export interface RegistryOptions {
+  /** Default: {@link defaultRegistryKind}. */
+  kind?: RegistryKind;
+  /** Detached children survive the parent (used by `npm run cluster -- up`). */
+  detached?: boolean;
+}
+
+/** The distribution v3 executable: VK_DISTRIBUTION_BIN (scripts/test.sh), else built or found
+ * by scripts/distributionbin.sh (a cold build takes minutes). */
+export async function distributionBin(): Promise<string> {
+  const env = process.env.VK_DISTRIBUTION_BIN;
+  if (env && existsSync(env)) return env;
+  const { stdout } = await run('bash', [join(repoRoot, 'scripts', 'distributionbin.sh')]);
+  const bin = join(stdout.trim().split('\n').pop() ?? '', 'registry');
+  if (!existsSync(bin)) throw new Error(`scripts/distributionbin.sh did not produce ${bin}`);
+  return bin;
+}
+
+async function versionOf(bin: string): Promise<string> {
+  const { stdout } = await run(bin, ['--version']).catch(() => ({ stdout: '' }));
+  // `<argv0> <module> <version>`; 2.8 prints the same shape.
+  return stdout.trim().split(/\s+/).slice(1).join(' ');
+}
+
+export async function startRegistry(dir: string, opts: RegistryOptions = {}): Promise<RegistryState> {
+  const kind = opts.kind ?? defaultRegistryKind();
+  const bin = kind === 'distribution' ? await distributionBin() : 'docker-registry';
   mkdirSync(join(dir, 'storage'), { recursive: true });
   const port = await freePort();
   const config = join(dir, 'config.yml');
@@ -30,21 +87,26 @@ export async function startRegistry(dir: string, detached = false): Promise<Regi
       '',
     ].join('\n'),
   );
-  const child = startProcess('docker-registry', ['serve', config], {
-    logFile: join(dir, 'registry.log'),
-    detached,
+  const logFile = join(dir, 'registry.log');
+  const child = startProcess(bin, ['serve', config], {
+    logFile,
+    detached: opts.detached,
+    // v3 traces every request through OpenTelemetry, by default to an OTLP collector on
+    // localhost:4318 (connection errors in the log): none here.
+    env: kind === 'distribution' ? { ...process.env, OTEL_TRACES_EXPORTER: 'none' } : undefined,
   });
   const pid = child.pid ?? 0;
   const url = `http://127.0.0.1:${port}`;
   await waitFor(
-    'docker-registry /v2/',
+    `${kind} registry /v2/`,
     async () => {
-      if (!isAlive(pid)) throw new Error(`docker-registry exited; see ${join(dir, 'registry.log')}`);
+      if (!isAlive(pid)) throw new Error(`${bin} exited; see ${logFile}`);
       return (await fetch(`${url}/v2/`)).status === 200;
     },
     30_000,
   );
-  return { dir, port, pid, hostPort: `127.0.0.1:${port}`, url };
+  const version = (await versionOf(bin)) || kind;
+  return { kind, version, bin, dir, port, pid, hostPort: `127.0.0.1:${port}`, url };
 }
 
 export async function stopRegistry(r: RegistryState): Promise<void> {

@@ -51,7 +51,10 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/stale-creates.test.ts': { estimate: 35 },
   'test/integration/startup.test.ts': { estimate: 30 },
   'test/integration/bringup.test.ts': { estimate: 30 },
-  'test/integration/demo.test.ts': { estimate: 30 },
+  // --hosts 3 since the fleet ground: 6 pods on 3 hosts (about 20 s alone).
+  'test/integration/demo.test.ts': { estimate: 35 },
+  // Three hosts, a pod on each, kill/killHost/stopFleet, both registries (13-15 s alone).
+  'test/integration/fleet.test.ts': { estimate: 20 },
   'test/integration/writes.test.ts': { estimate: 25 },
   // Builds the release (≈ 20 s, mostly gzip) unless dist/ has the artifact of unchanged inputs (7 s).
   'test/integration/release.test.ts': { estimate: 25 },
@@ -188,7 +191,9 @@ if (jobs.some((j) => j.needsGround)) {
     await end({ kind: 'error', error: err });
   }
   const g = ground as Ground;
-  console.log(`ground: kube-apiserver ${g.cluster.version} at ${g.cluster.url}; registry ${g.registry.url}`);
+  console.log(
+    `ground: kube-apiserver ${g.cluster.version} at ${g.cluster.url}; registry ${g.registry.url} (${g.registry.kind}, ${g.registry.version})`,
+  );
 }
 say(
   `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time on ${availableParallelism()} cores: ` +

@@ -7,6 +7,12 @@
 //   npm run demo -- --check       headless: until every pod is `ready` (or failed, or the
 //                                 timeout), one summary line, exit 0/1
 //   --timeout <s>                 bound of --check (default 180, or VK_DEMO_TIMEOUT_SECONDS)
+//   --hosts <n>                   a fleet of n hosts (ground/fleet.ts; default 1, today's single
+//                                 node cocoon-pool): nodes cocoon-pool-1..n, each with its own
+//                                 simulator root and loopback IP, and 2 pods per host (the three
+//                                 examples' kinds in turn, two consecutive ones per host), each
+//                                 pinned to its host with spec.nodeName; --check
+//                                 passes when every pod is `ready` on its own host
 //
 // However it ends (Ctrl-C, SIGTERM, an error, a crash), every process it started is stopped:
 // they are all in its PID registry (ground/proc.ts), including the simulator's stand-ins.
@@ -18,6 +24,7 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { CoreV1Api, V1Pod } from '@kubernetes/client-node';
 import { type Daemon, startDaemon } from '../ground/daemon.ts';
+import { type Fleet, startFleet, stopFleet } from '../ground/fleet.ts';
 import { type Ground, startGround, stopGround } from '../ground/ground.ts';
 import { adminClients, vmPod } from '../ground/kube.ts';
 import { type EndReason, installTeardown, openPidRegistry } from '../ground/proc.ts';
@@ -28,16 +35,39 @@ const NAMESPACE = 'demo';
 const LIFECYCLE = 'vm.cocoonstack.io/lifecycle-state';
 const LIFECYCLE_MESSAGE = 'vm.cocoonstack.io/lifecycle-state-message';
 
+const USAGE = 'usage: npm run demo [-- [--hosts <n>] [--check [--timeout <seconds>]]]';
 const argv = process.argv.slice(2);
+if (argv.includes('--help') || argv.includes('-h')) {
+  process.stdout.write(
+    [
+      USAGE,
+      '  --check          headless: exit 0 once every pod is ready, 1 on a failed pod, the timeout or an error',
+      '  --timeout <s>    bound of --check (default 180, or VK_DEMO_TIMEOUT_SECONDS)',
+      '  --hosts <n>      n vk-cocoon hosts (nodes cocoon-pool-1..n), 2 pods pinned to each (default 1:',
+      '                   one node, cocoon-pool, and the three example pods)',
+      '',
+    ].join('\n'),
+  );
+  process.exit(0);
+}
 const check = argv.includes('--check');
-const timeoutFlag = argv.indexOf('--timeout');
-const timeoutS = Number(
-  timeoutFlag >= 0 ? argv[timeoutFlag + 1] : (process.env.VK_DEMO_TIMEOUT_SECONDS ?? (check ? 180 : 0)),
-);
-if (argv.some((a, i) => a !== '--check' && a !== '--timeout' && argv[i - 1] !== '--timeout')) {
-  process.stderr.write('usage: npm run demo [-- --check [--timeout <seconds>]]\n');
+const flagValue = (flag: string) => (argv.includes(flag) ? argv[argv.indexOf(flag) + 1] : undefined);
+const timeoutS = Number(flagValue('--timeout') ?? process.env.VK_DEMO_TIMEOUT_SECONDS ?? (check ? 180 : 0));
+const hostsArg = flagValue('--hosts');
+const hosts = hostsArg === undefined ? 1 : Number(hostsArg);
+const valueFlags = ['--timeout', '--hosts'];
+if (
+  argv.some(
+    (a, i) => a !== '--check' && !valueFlags.includes(a) && !valueFlags.includes(argv[i - 1] ?? ''),
+  ) ||
+  !Number.isInteger(hosts) ||
+  hosts < 1 ||
+  hosts > 253
+) {
+  process.stderr.write(`${USAGE}\n`);
   process.exit(2);
 }
+const multi = hosts > 1;
 const failAt = process.env.VK_DEMO_FAIL_AT ?? '';
 const live = !check && process.stdout.isTTY === true;
 
@@ -50,7 +80,7 @@ const registry = openPidRegistry(join(dir, 'pids'));
 say(`work dir ${dir}`);
 
 /** The example pods: name and the annotations that make each a different kind of clone. */
-const examples: [string, Record<string, string>][] = [
+const kinds: [string, Record<string, string>][] = [
   ['linux-0', { 'cocoonset.cocoonstack.io/image': 'demo/ubuntu' }],
   [
     'firecracker-0',
@@ -59,11 +89,25 @@ const examples: [string, Record<string, string>][] = [
   ['windows-0', { 'cocoonset.cocoonstack.io/image': 'demo/win11', 'cocoonset.cocoonstack.io/os': 'windows' }],
 ];
 
+/** The pods and their nodes: the three examples on NODE; with --hosts n, 2 per host, the kinds
+ * in turn (linux-0, firecracker-0, windows-0, linux-1, ...), pods 2h and 2h+1 on host h (so
+ * hosts get different kinds). */
+const nodeNames = multi ? Array.from({ length: hosts }, (_, i) => `${NODE}-${i + 1}`) : [NODE];
+const examples: [string, Record<string, string>, string][] = Array.from(
+  { length: multi ? 2 * hosts : kinds.length },
+  (_, i) => {
+    const [kind, ann] = kinds[i % kinds.length] as [string, Record<string, string>];
+    const name = `${kind.replace(/-0$/, '')}-${Math.floor(i / kinds.length)}`;
+    return [name, ann, nodeNames[multi ? Math.floor(i / 2) : 0] as string];
+  },
+);
+
 // Everything started so far; the teardown stops what is set, then the PID registry catches the
 // rest (a half-started ground, the simulator's processes, whatever a crash left behind).
 let ground: Ground | undefined;
 let sim: SimRoot | undefined;
 let daemon: Daemon | undefined;
+let fleet: Fleet | undefined;
 let stopping = false;
 
 const end = installTeardown(
@@ -79,13 +123,14 @@ const end = installTeardown(
     say('cleaning up');
     if (daemon) await Promise.race([daemon.stop().catch(() => null), sleep(15_000)]);
     await sim?.cleanup({ keepDir: true }).catch(() => {});
+    if (fleet) await stopFleet(fleet).catch(() => {});
     if (ground) await stopGround(ground).catch(() => {});
     // Anything still running (a half-started ground included) is stopped by installTeardown
     // through the registry, before the process exits; the work dir goes with it unless the
     // run failed (then it holds the logs).
     const ok = why.kind === 'done' ? why.code === 0 : why.kind === 'signal' && !check;
     if (ok) process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
-    else say(`logs kept in ${dir} (vk-cocoon.log, ground/)`);
+    else say(`logs kept in ${dir} (${multi ? 'fleet/<node>/vk-cocoon.log' : 'vk-cocoon.log'}, ground/)`);
     // An interactive demo stopped with Ctrl-C ends normally.
     return why.kind === 'signal' && !check ? 0 : undefined;
   },
@@ -109,6 +154,9 @@ async function proceed(): Promise<void> {
 
 interface Row {
   name: string;
+  node: string;
+  /** Bound to the node the demo pinned it to. */
+  onItsNode: boolean;
   phase: string;
   ready: string;
   lifecycle: string;
@@ -119,12 +167,14 @@ interface Row {
   message: string;
 }
 
-function rowOf(name: string, p: V1Pod | undefined): Row {
+function rowOf(name: string, node: string, p: V1Pod | undefined): Row {
   const a = p?.metadata?.annotations ?? {};
   const cond = (t: string) => p?.status?.conditions?.find((c) => c.type === t);
   const readiness = cond('vm.cocoonstack.io/Readiness');
   return {
     name,
+    node: p?.spec?.nodeName ?? '',
+    onItsNode: p?.spec?.nodeName === node,
     phase: p?.status?.phase ?? (p ? '' : 'missing'),
     ready: cond('Ready')?.status === 'True' ? 'yes' : 'no',
     lifecycle: a[LIFECYCLE] ?? '',
@@ -136,8 +186,28 @@ function rowOf(name: string, p: V1Pod | undefined): Row {
   };
 }
 
-const head = ['POD', 'PHASE', 'READY', 'LIFECYCLE', 'STEP', 'POST-CLONE', 'IP', 'VM ID'];
-const cells = (r: Row) => [r.name, r.phase, r.ready, r.lifecycle, r.step, r.postClone, r.ip, r.vm];
+const head = [
+  'POD',
+  ...(multi ? ['NODE'] : []),
+  'PHASE',
+  'READY',
+  'LIFECYCLE',
+  'STEP',
+  'POST-CLONE',
+  'IP',
+  'VM ID',
+];
+const cells = (r: Row) => [
+  r.name,
+  ...(multi ? [r.node] : []),
+  r.phase,
+  r.ready,
+  r.lifecycle,
+  r.step,
+  r.postClone,
+  r.ip,
+  r.vm,
+];
 
 function renderTable(rows: Row[], g: Ground): void {
   const body = rows.map(cells);
@@ -146,11 +216,11 @@ function renderTable(rows: Row[], g: Ground): void {
   process.stdout.write(
     [
       '\x1b[H\x1b[J',
-      `vk-cocoon demo: node ${NODE}, ${elapsed()}s\n\n`,
+      `vk-cocoon demo: ${multi ? `${hosts} nodes ${nodeNames[0]}..${nodeNames.at(-1)}` : `node ${NODE}`}, ${elapsed()}s\n\n`,
       `${line(head)}\n${body.map(line).join('\n')}\n\n`,
       `KUBECONFIG=${g.cluster.kubeconfig}\n`,
       `kubectl: ${join(g.cluster.binDir, 'kubectl')}  (try: -n ${NAMESPACE} exec linux-0 -- hostname)\n`,
-      `vk-cocoon log: ${join(dir, 'vk-cocoon.log')}\n`,
+      `vk-cocoon log: ${multi ? join(dir, 'fleet', '<node>', 'vk-cocoon.log') : join(dir, 'vk-cocoon.log')}\n`,
       'Ctrl-C to stop and clean up.\n',
     ].join(''),
   );
@@ -161,6 +231,7 @@ const lastLine = new Map<string, string>();
 function renderChanges(rows: Row[]): void {
   for (const r of rows) {
     const text = [
+      multi ? `node=${r.node || '-'}` : '',
       `phase=${r.phase || '-'}`,
       `ready=${r.ready}`,
       `lifecycle=${r.lifecycle || '-'}`,
@@ -180,15 +251,18 @@ function renderChanges(rows: Row[]): void {
 async function snapshot(core: CoreV1Api): Promise<Row[]> {
   const list = await core.listNamespacedPod({ namespace: NAMESPACE });
   const byName = new Map(list.items.map((p) => [p.metadata?.name ?? '', p]));
-  return examples.map(([name]) => rowOf(name, byName.get(name)));
+  return examples.map(([name, , node]) => rowOf(name, node, byName.get(name)));
 }
 
 function summary(rows: Row[]): { passed: boolean; done: boolean; text: string } {
-  const ready = rows.filter((r) => r.lifecycle === 'ready');
+  const ready = rows.filter((r) => r.lifecycle === 'ready' && r.onItsNode);
   const failed = rows.filter((r) => r.lifecycle === 'failed' || r.phase === 'Failed');
   const notReady = rows
-    .filter((r) => r.lifecycle !== 'ready')
-    .map((r) => `${r.name} lifecycle=${r.lifecycle || '(none)'}${r.message ? ` (${r.message})` : ''}`);
+    .filter((r) => r.lifecycle !== 'ready' || !r.onItsNode)
+    .map(
+      (r) =>
+        `${r.name} lifecycle=${r.lifecycle || '(none)'}${r.onItsNode ? '' : ` node=${r.node || '(none)'}`}${r.message ? ` (${r.message})` : ''}`,
+    );
   return {
     passed: ready.length === rows.length,
     done: ready.length + failed.length === rows.length,
@@ -203,49 +277,73 @@ async function main(): Promise<void> {
   failpoint('ground');
   await proceed();
 
-  sim = await newSimRoot({
-    parent: dir,
-    // Clones take a moment and Windows guests get their DHCP lease after a few seconds, as on
-    // a real host.
-    knobs: { latency: { 'vm clone': 800 }, dhcp: { vms: [{ match: 'win', leaseDelayMs: 6000 }] } },
-  });
+  // Clones take a moment and Windows guests get their DHCP lease after a few seconds, as on a
+  // real host.
+  const knobs = { latency: { 'vm clone': 800 }, dhcp: { vms: [{ match: 'win', leaseDelayMs: 6000 }] } };
   const ubuntu = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
-  await sim.fixtureSnapshot('demo/ubuntu', { backend: 'cloud-hypervisor', os: 'linux', image: ubuntu });
-  await sim.fixtureSnapshot('demo/ubuntu-fc', { backend: 'firecracker', os: 'linux', image: ubuntu });
-  await sim.fixtureSnapshot('demo/win11', {
-    backend: 'cloud-hypervisor',
-    os: 'windows',
-    image: 'https://images.example/win11.qcow2',
-  });
-  await proceed();
+  const fixtures = async (s: SimRoot) => {
+    await s.fixtureSnapshot('demo/ubuntu', { backend: 'cloud-hypervisor', os: 'linux', image: ubuntu });
+    await s.fixtureSnapshot('demo/ubuntu-fc', { backend: 'firecracker', os: 'linux', image: ubuntu });
+    await s.fixtureSnapshot('demo/win11', {
+      backend: 'cloud-hypervisor',
+      os: 'windows',
+      image: 'https://images.example/win11.qcow2',
+    });
+  };
+  if (multi) {
+    // Every host's daemon, simulator server and VM stand-ins are in this run's PID registry
+    // (recorded or carrying its marker), also while the fleet is half started.
+    fleet = await startFleet({
+      ground: g,
+      hosts,
+      dir: join(dir, 'fleet'),
+      namePrefix: `${NODE}-`,
+      knobs,
+      env: { VK_LOG_LEVEL: 'info' },
+      log: (l) => say(l),
+    });
+    await proceed();
+    await Promise.all(fleet.hosts.map((h) => fixtures(h.simulator)));
+    say(
+      `${hosts} vk-cocoon hosts running: ${fleet.hosts.map((h) => `${h.name} ${h.ip}:${h.kubeletPort}`).join(', ')}`,
+    );
+  } else {
+    sim = await newSimRoot({ parent: dir, knobs });
+    await fixtures(sim);
+    await proceed();
 
-  const logFile = join(dir, 'vk-cocoon.log');
-  daemon = await startDaemon({
-    cluster: g.cluster,
-    nodeName: NODE,
-    cocoonBin: sim.cocoonBin,
-    rootDir: sim.root,
-    leasesPath: sim.leasesPath,
-    logFile,
-    env: { ...sim.env(), VK_LOG_LEVEL: 'info' },
-  });
-  say(`vk-cocoon running (pid ${daemon.pid}, kubelet API :${daemon.kubeletPort}); log: ${logFile}`);
+    const logFile = join(dir, 'vk-cocoon.log');
+    daemon = await startDaemon({
+      cluster: g.cluster,
+      nodeName: NODE,
+      cocoonBin: sim.cocoonBin,
+      rootDir: sim.root,
+      leasesPath: sim.leasesPath,
+      logFile,
+      env: { ...sim.env(), VK_LOG_LEVEL: 'info' },
+    });
+    say(`vk-cocoon running (pid ${daemon.pid}, kubelet API :${daemon.kubeletPort}); log: ${logFile}`);
+  }
   failpoint('daemon');
   await proceed();
 
   const { core } = adminClients(g.cluster);
   await core.createNamespace({ body: { metadata: { name: NAMESPACE } } });
-  for (const [name, ann] of examples) {
+  for (const [name, ann, node] of examples) {
     await core.createNamespacedPod({
       namespace: NAMESPACE,
-      body: vmPod(name, NODE, {
+      body: vmPod(name, node, {
         'vm.cocoonstack.io/name': `vk-demo-${name}`,
         'cocoonset.cocoonstack.io/managed': 'true',
         ...ann,
       }),
     });
   }
-  say(`created ${examples.map(([n]) => n).join(', ')} in namespace ${NAMESPACE} on node ${NODE}`);
+  say(
+    multi
+      ? `created ${examples.map(([n, , node]) => `${n} on ${node}`).join(', ')} in namespace ${NAMESPACE}`
+      : `created ${examples.map(([n]) => n).join(', ')} in namespace ${NAMESPACE} on node ${NODE}`,
+  );
   if (!live) {
     say(`KUBECONFIG=${g.cluster.kubeconfig}`);
     if (!check) say('Ctrl-C to stop and clean up');
@@ -274,7 +372,8 @@ async function main(): Promise<void> {
     if (check) {
       const s = summary(rows);
       if (s.passed) {
-        say(`check passed: ${rows.length}/${rows.length} pods ready in ${elapsed()}s`);
+        const where = multi ? ` on ${hosts} hosts` : '';
+        say(`check passed: ${rows.length}/${rows.length} pods ready${where} in ${elapsed()}s`);
         return void (await end({ kind: 'done', code: 0 }));
       }
       if (s.done || Date.now() > deadline) {

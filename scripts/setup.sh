@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh machine. Idempotent and quick when warm.
 #  - npm dependencies, including Node.js 24 from the npm registry (node_modules/.bin/node)
-#  - Debian's docker-registry (CNCF distribution 2.8), the OCI registry of the tests
+#  - Debian's docker-registry (CNCF distribution 2.8), the ground's default OCI registry
 #  - Debian's systemd (systemd-analyze verify of the release's unit file)
 #  - kube-apiserver, etcd and kubectl built from the Go module proxy (cached outside the repo)
+#  - the CNCF distribution v3 registry (grounds that ask for it), built the same way
 #  - the cocoon simulator's thin Go client (node_modules/.cache/vk-cocoon/, rebuilt when its
 #    source changes; without Go the simulator falls back to one Node process per call)
 set -euo pipefail
@@ -37,4 +38,6 @@ if ! command -v systemd-analyze >/dev/null; then
 fi
 command -v openssl >/dev/null || { say "openssl is required (apt-get install openssl)"; exit 1; }
 bash scripts/testbin.sh >/dev/null
+# Progress (or "cached registry ...") on stderr; the cache dir on stdout is not needed here.
+bash scripts/distributionbin.sh >/dev/null
 bash sim/client-go/build.sh

@@ -9,6 +9,7 @@ import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { procStart, waitFor } from '../../ground/proc.ts';
+import { registryCommandName } from '../../ground/registry.ts';
 import {
   assertNothingLeft,
   exitsWith,
@@ -48,7 +49,7 @@ describe('teardown', { concurrency: 2 }, () => {
       assert.match(r.out, /control plane ready/);
       assert.match(r.out, /^demo: check FAILED: VK_DEMO_FAIL_AT=ground: failing on purpose/m);
       const names = recordedNames(workDir);
-      for (const want of ['etcd', 'kube-apiserver', 'docker-registry']) {
+      for (const want of ['etcd', 'kube-apiserver', registryCommandName()]) {
         assert.ok(names.includes(want), `${want} was started: ${names.join(', ')}`);
       }
       await assertNothingLeft(workDir, r.out);
@@ -175,7 +176,7 @@ test('start something, then hang', async () => {
       assert.equal(r.code, 143, r.out);
       assert.match(r.out, /SIGTERM: stopping/);
       assert.equal(procStart(rep.self), undefined, 'the test file process is gone');
-      for (const want of ['etcd', 'kube-apiserver', 'docker-registry']) {
+      for (const want of ['etcd', 'kube-apiserver', registryCommandName()]) {
         assert.ok(recordedNames(rep.dir).includes(want), `${want} recorded`);
       }
       await assertNothingLeft(rep.dir, r.out);
