@@ -23,6 +23,7 @@ export const LAYERS: Readonly<Record<string, number>> = {
   authority: 3,
   lifecycle: 3,
   registry: 3,
+  peer: 3,
   stats: 3,
   pods: 3,
   kubelet: 4,
