@@ -283,7 +283,8 @@ async function runPool<T>(
     while (!first && !ac.signal.aborted && next < tasks.length) {
       const task = tasks[next++] as T;
       try {
-        total += await work(task);
+        const n = await work(task);
+        total += n;
       } catch (err) {
         if (!first) {
           first = { err };
