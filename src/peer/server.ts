@@ -40,7 +40,7 @@ export interface PeerServerOptions {
   listen: { host: string; port: number };
   /** PEM serving certificate and key. */
   tls: { cert: string; key: string };
-  /** PEM bundle client certificates are verified against. */
+  /** PEM bundle client certificates are verified against; without it no caller is `certVerified`. */
   clientCa?: string;
   /** Snapshot files live at `<storeDir>/<snapshotID>/<file>`. */
   storeDir: string;
@@ -210,7 +210,8 @@ export class PeerServer {
       transport: 'tls',
       ...(cn ? { certCn: cn } : {}),
       certGroups: o === undefined ? [] : Array.isArray(o) ? o : [o],
-      certVerified: has && socket.authorized === true,
+      // Without a client CA Node would verify against the public roots: never "verified" then.
+      certVerified: has && socket.authorized === true && this.#o.clientCa !== undefined,
       remoteAddress,
     };
   }
