@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import type { Logger } from '../log.ts';
 import type { SnapshotConfig } from '../registry/artifact.ts';
 import { fetchSlice, SectionWriter } from './fetch.ts';
-import { Gate, TokenBucket } from './gate.ts';
+import { Gate, runPool, TokenBucket } from './gate.ts';
 import { get, makeAgent, PeerRestoreError, readSome } from './transport.ts';
 import {
   ENVELOPE_NAME,
@@ -264,39 +264,6 @@ async function stage(
     );
     throw err;
   }
-}
-
-/**
- * Runs `work` over `tasks` with at most `limit` at once; the first failure aborts `ac` (the
- * others' requests with it) and is what rejects, once every worker has stopped.
- */
-async function runPool<T>(
-  tasks: readonly T[],
-  limit: number,
-  ac: AbortController,
-  work: (task: T) => Promise<number>,
-): Promise<number> {
-  let next = 0;
-  let total = 0;
-  let first: { err: unknown } | undefined;
-  const worker = async () => {
-    while (!first && !ac.signal.aborted && next < tasks.length) {
-      const task = tasks[next++] as T;
-      try {
-        const n = await work(task);
-        total += n;
-      } catch (err) {
-        if (!first) {
-          first = { err };
-          ac.abort();
-        }
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: Math.min(limit, tasks.length) }, worker));
-  if (first) throw first.err;
-  if (ac.signal.aborted) throw new PeerRestoreError('aborted', 'peer restore aborted');
-  return total;
 }
 
 /** Empties the staging root (what a crash left behind); a missing root is fine. */

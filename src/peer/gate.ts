@@ -1,6 +1,6 @@
-// Bounds of the peer restore (docs/peer-restore.md "Bounds"): counting gates (the server's
-// non-blocking stream and plan gates, the client's blocking restore gate) and the shared
-// byte-rate bucket. Timers are monotonic (performance.now, setTimeout).
+// Bounds of the peer restore (docs/peer-restore.md): counting gates (the server's
+// non-blocking stream and plan gates, the client's blocking restore gate), the shared
+// byte-rate bucket and the client's worker pool. Timers are monotonic (performance.now, setTimeout).
 import { setTimeout as sleep } from 'node:timers/promises';
 
 /** A counting gate of `limit` slots: taken at once (`tryTake`) or waited for (`take`). */
@@ -100,4 +100,38 @@ export class TokenBucket {
     const wait = this.reserve(n);
     if (wait > 0) await sleep(wait, undefined, signal ? { signal } : undefined);
   }
+}
+
+/**
+ * Runs `work` over `tasks` with at most `limit` at once and resolves with the sum of what they
+ * return. The first failure aborts `ac` (the others' requests with it) and is what rejects,
+ * once every worker has stopped; no task starts after it.
+ */
+export async function runPool<T>(
+  tasks: readonly T[],
+  limit: number,
+  ac: AbortController,
+  work: (task: T) => Promise<number>,
+): Promise<number> {
+  let next = 0;
+  let total = 0;
+  let first: { err: unknown } | undefined;
+  const worker = async () => {
+    while (!first && !ac.signal.aborted && next < tasks.length) {
+      const task = tasks[next++] as T;
+      try {
+        const n = await work(task);
+        total += n;
+      } catch (err) {
+        if (!first) {
+          first = { err };
+          ac.abort();
+        }
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(limit, tasks.length) }, worker));
+  if (first) throw first.err;
+  if (ac.signal.aborted) throw new Error('aborted');
+  return total;
 }

@@ -1,7 +1,7 @@
 // The pure wire format of the peer restore (shared/spec/peer-restore.md §3–§5, §8 vectors).
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { Gate, TokenBucket } from '../../../src/peer/gate.ts';
+import { Gate, runPool, TokenBucket } from '../../../src/peer/gate.ts';
 import { goParseInt64, goParseQuery, goQueryEscape, goQuote } from '../../../src/peer/gojson.ts';
 import {
   coalesceExtents,
@@ -345,5 +345,31 @@ describe('gates', () => {
     assert.equal(bucket.reserve(500, 10_000), 1000);
     assert.equal(bucket.reserve(100, 20_000), 0, 'idle time refills the burst');
     assert.equal(new TokenBucket(0).reserve(1e12, 0), 0, '0 is unbounded');
+  });
+
+  it('runPool: at most `limit` at once, sums the results; the first failure aborts the rest', async () => {
+    let running = 0;
+    let most = 0;
+    const work = async (n: number) => {
+      running++;
+      most = Math.max(most, running);
+      await new Promise((r) => setImmediate(r));
+      running--;
+      if (n === 3) throw new Error('task 3 failed');
+      return n;
+    };
+    assert.equal(await runPool([1, 2, 4, 5, 6], 2, new AbortController(), work), 18);
+    assert.equal(most, 2);
+    const ac = new AbortController();
+    const started: number[] = [];
+    await assert.rejects(
+      runPool([1, 3, 5, 7, 9, 11], 2, ac, (n) => {
+        started.push(n);
+        return work(n);
+      }),
+      /task 3 failed/,
+    );
+    assert.equal(ac.signal.aborted, true);
+    assert.ok(!started.includes(11), `started ${started}`);
   });
 });
