@@ -1,6 +1,7 @@
 // The layer check of docs/architecture.md: every module under src/ imports only modules of
 // its own layer or a lower one, and the framework (src/pods, src/kubelet, src/node) never
-// imports the provider. Run: `node scripts/layers.ts` (exit 1 and a line per violation).
+// imports the provider; a part listed in ONLY (src/peer) imports nothing but what it lists.
+// Run: `node scripts/layers.ts` (exit 1 and a line per violation).
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, normalize, relative } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -23,6 +24,7 @@ export const LAYERS: Readonly<Record<string, number>> = {
   authority: 3,
   lifecycle: 3,
   registry: 3,
+  peer: 3,
   stats: 3,
   pods: 3,
   kubelet: 4,
@@ -33,6 +35,12 @@ export const LAYERS: Readonly<Record<string, number>> = {
 };
 
 const FRAMEWORK = ['pods', 'kubelet', 'node'];
+
+/** Parts that may import only these (paths under src/, a file or a whole folder). */
+const ONLY: Readonly<Record<string, readonly string[]>> = {
+  // docs/peer-restore.md: the peer library never runs cocoon or talks to Kubernetes itself.
+  peer: ['peer', 'util', 'log.ts', 'registry/artifact.ts'],
+};
 
 function part(file: string): string {
   return relative(join(root, 'src'), file).split('/')[0] ?? '';
@@ -67,6 +75,10 @@ export function violations(): string[] {
       if (lt > lf) out.push(`${where}: a higher layer`);
       if (FRAMEWORK.includes(from) && to === 'provider')
         out.push(`${where}: the framework never imports the provider`);
+      const only = ONLY[from];
+      const rel = relative(join(root, 'src'), target);
+      if (only && !only.some((p) => rel === p || rel.startsWith(`${p}/`)))
+        out.push(`${where}: src/${from} may import only ${only.join(', ')}`);
     }
   }
   return out;
