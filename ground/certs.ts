@@ -4,7 +4,7 @@
 // kubeconfig's CA is also the CA of the kubelet client. A second, rogue CA signs one
 // client certificate for negative tests. Node.js cannot mint X.509 certificates, so the
 // harness drives Debian's `openssl` (test-ground.md §4.2).
-import { generateKeyPairSync } from 'node:crypto';
+import { generateKeyPairSync, randomBytes } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { run } from './proc.ts';
@@ -118,7 +118,11 @@ export async function issueCert(
     ca.cert,
     '-CAkey',
     ca.key,
-    '-CAcreateserial',
+    // A random serial (as CAs make them), not `-CAcreateserial`: that reads and rewrites one
+    // `<ca>.srl` per CA, and certificates issued at the same time (a fleet's hosts, the worlds of
+    // concurrent test files) raced on it ("Unable to load number from ca.srl").
+    '-set_serial',
+    randomSerial(),
     '-out',
     cert,
     '-days',
@@ -127,6 +131,13 @@ export async function issueCert(
     ext,
   ]);
   return { cert, key };
+}
+
+/** A positive, non-zero 127-bit serial in openssl's `0x` form. */
+function randomSerial(): string {
+  const b = randomBytes(16);
+  b[0] = ((b[0] ?? 0) & 0x7f) | 0x40;
+  return `0x${b.toString('hex')}`;
 }
 
 export async function makeGroundCerts(dir: string): Promise<GroundCerts> {

@@ -30,7 +30,7 @@ export async function startGround(
     /** The apiserver's audit log of writes (ClusterOptions.audit; `cluster.auditLog`). Off by default. */
     audit?: boolean;
     /** The registry's kind (ground/registry.ts; recorded as `registry.kind` in ground.json).
-     * Default: Debian's docker-registry 2.8, or VK_REGISTRY_KIND. */
+     * Default: distribution v3, or VK_REGISTRY_KIND. */
     registry?: RegistryKind;
   } = {},
 ): Promise<Ground> {

@@ -1,12 +1,14 @@
 // The test ground's OCI registry on loopback, one of two kinds (docs/test-ground.md, Registries):
-//  - `docker-registry`: Debian's docker-registry (CNCF distribution 2.8). The default: a test
-//    pins its quirks (registry-push.test.ts: a tag DELETE is 400 DIGEST_INVALID, 2.8 deletes by
-//    digest only, and the client's digest fallback is tested through that).
 //  - `distribution`: CNCF distribution v3 (`registry serve`), built from the Go module proxy by
-//    scripts/distributionbin.sh (VK_DISTRIBUTION_BIN, else the script). It deletes tags
-//    (`DELETE /v2/<repo>/manifests/<tag>` answers 202). A ground opts in.
+//    scripts/distributionbin.sh (VK_DISTRIBUTION_BIN, else the script). The default: it does
+//    what production registries do, tag deletion included (`DELETE /v2/<repo>/manifests/<tag>`
+//    answers 202).
+//  - `docker-registry`: Debian's docker-registry (CNCF distribution 2.8), kept where a test needs
+//    its quirks: a tag DELETE is 400 DIGEST_INVALID (2.8 deletes by digest only), which the
+//    client's digest fallback is tested through (registry-push.test.ts starts one alone;
+//    bench/transfer.ts pins it for its published figures).
 // Both run with filesystem storage, deletes enabled and the same `version: 0.1` configuration.
-// VK_REGISTRY_KIND=distribution makes v3 the default of a run (npm test, the demo, cluster).
+// VK_REGISTRY_KIND=docker-registry makes 2.8 the default of a run (npm test, the demo, cluster).
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from './cluster.ts';
@@ -15,10 +17,10 @@ import { freePort, isAlive, run, startProcess, stopPid, waitFor } from './proc.t
 export type RegistryKind = 'distribution' | 'docker-registry';
 export const REGISTRY_KINDS: readonly RegistryKind[] = ['distribution', 'docker-registry'];
 
-/** The kind a ground runs unless it asks for one: VK_REGISTRY_KIND, else Debian's 2.8. */
+/** The kind a ground runs unless it asks for one: VK_REGISTRY_KIND, else distribution v3. */
 export function defaultRegistryKind(): RegistryKind {
   const env = process.env.VK_REGISTRY_KIND;
-  if (env === undefined || env === '') return 'docker-registry';
+  if (env === undefined || env === '') return 'distribution';
   if (!(REGISTRY_KINDS as readonly string[]).includes(env))
     throw new Error(`VK_REGISTRY_KIND=${env}: expected one of ${REGISTRY_KINDS.join(', ')}`);
   return env as RegistryKind;

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Ensures the CNCF distribution v3 registry (github.com/distribution/distribution/v3/cmd/registry),
-# the test ground's registry of kind `distribution` (ground/registry.ts), is built from the Go module proxy
+# the test ground's default OCI registry (ground/registry.ts), is built from the Go module proxy
 # and cached outside the repository, keyed by its version and the wrapper module's go.sum
 # (test/distributionbin). Prints the cache directory (holding `registry`) on the last line of
 # stdout; progress goes to stderr. Builds into a temporary sibling and renames it into place, so
-# a killed build never leaves a half-filled cache. Debian's docker-registry (distribution 2.8),
-# the ground's default, is installed by scripts/setup.sh.
+# a killed build never leaves a half-filled cache. Debian's docker-registry (distribution 2.8)
+# stays installed by scripts/setup.sh for what needs its quirks.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 mod="$root/test/distributionbin"

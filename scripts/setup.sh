@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh machine. Idempotent and quick when warm.
 #  - npm dependencies, including Node.js 24 from the npm registry (node_modules/.bin/node)
-#  - Debian's docker-registry (CNCF distribution 2.8), the ground's default OCI registry
+#  - Debian's docker-registry (CNCF distribution 2.8), for what needs its quirks (a standalone
+#    one in registry-push.test.ts, bench/transfer.ts) and VK_REGISTRY_KIND=docker-registry
 #  - Debian's systemd (systemd-analyze verify of the release's unit file)
 #  - kube-apiserver, etcd and kubectl built from the Go module proxy (cached outside the repo)
-#  - the CNCF distribution v3 registry (grounds that ask for it), built the same way
+#  - the CNCF distribution v3 registry, the ground's default OCI registry, built the same way
 #  - the cocoon simulator's thin Go client (node_modules/.cache/vk-cocoon/, rebuilt when its
 #    source changes; without Go the simulator falls back to one Node process per call)
 set -euo pipefail

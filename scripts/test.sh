@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one test command: installs what is missing, then runs types, lint, unit tests and
-# integration tests (against a real kube-apiserver + etcd, the cocoon simulator and Debian's
-# docker-registry 2.8; CNCF distribution v3 where a test asks for it).
+# integration tests (against a real kube-apiserver + etcd, the cocoon simulator and CNCF
+# distribution v3; Debian's docker-registry 2.8 where a test needs its quirks).
 # Usage: npm test [-- <test file or glob> ...]
 set -euo pipefail
 # The suite's summary line reports the wall time since here (ground/run-tests.ts).
@@ -13,7 +13,7 @@ export PATH="$root/node_modules/.bin:$PATH"
 node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
 echo "kubernetes: $(head -1 "$(bash scripts/testbin.sh 2>/dev/null)/VERSION")"
 VK_CRANE_BIN="$(bash scripts/cranebin.sh | tail -1)/crane"; export VK_CRANE_BIN; echo "crane: $("$VK_CRANE_BIN" version) (registry conformance client, scripts/cranebin.sh)"
-VK_DISTRIBUTION_BIN="$(bash scripts/distributionbin.sh | tail -1)/registry"; export VK_DISTRIBUTION_BIN; echo "registry: $(cat "$(dirname "$VK_DISTRIBUTION_BIN")/VERSION") (scripts/distributionbin.sh; VK_REGISTRY_KIND=distribution makes it the ground's registry)"
+VK_DISTRIBUTION_BIN="$(bash scripts/distributionbin.sh | tail -1)/registry"; export VK_DISTRIBUTION_BIN; echo "registry: $(cat "$(dirname "$VK_DISTRIBUTION_BIN")/VERSION") (the ground's default, scripts/distributionbin.sh; VK_REGISTRY_KIND=docker-registry for Debian's 2.8)"
 VK_METRICS_SERVER_BIN="$(bash scripts/metricsserverbin.sh | tail -1)/metrics-server"; export VK_METRICS_SERVER_BIN; echo "$(cat "$(dirname "$VK_METRICS_SERVER_BIN")/VERSION") (kubectl top, scripts/metricsserverbin.sh)"
 if [ $# -gt 0 ]; then
   exec node ground/run-tests.ts "$@"

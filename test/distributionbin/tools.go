@@ -2,7 +2,7 @@
 
 // Package distributionbin is never compiled: it only keeps `go mod tidy` from dropping the
 // requirement whose main package scripts/distributionbin.sh builds (the CNCF distribution v3
-// registry, the test ground's registry of kind `distribution`, ground/registry.ts).
+// registry, the default OCI registry of the test ground, ground/registry.ts).
 package distributionbin
 
 import (

@@ -1,7 +1,7 @@
 // VM authority through the registry (docs/security.md, rows 7-9): owner stamps on what we
 // push, a clone source stamped with another namespace refused before anything is pulled, a
 // base image's tag never overwritten by a delete-time push, and unstamped state from Go hosts
-// accepted or refused by VK_ACCEPT_UNSTAMPED_STATE. The real apiserver, docker-registry and
+// accepted or refused by VK_ACCEPT_UNSTAMPED_STATE. The real apiserver, registry and
 // the simulator; "Go host" and "base image" tags are pushed by the test with the push code
 // alone (no owner stamps), as those writers do.
 import assert from 'node:assert/strict';

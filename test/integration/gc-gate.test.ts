@@ -1,6 +1,6 @@
 // Local snapshot GC and the snapshot CPU-class gate (issue 11; docs/decisions.md "Snapshot GC
-// and the CPU-class gate") against the real apiserver, the real docker-registry and the cocoon
-// simulator. The GC runs at start (and every 10 min): each phase restarts the daemon and waits
+// and the CPU-class gate") against the real apiserver, the ground's real registry and the
+// cocoon simulator. The GC runs at start (and every 10 min): each phase restarts the daemon and waits
 // for the pass's summary line in its log.
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';

@@ -1,6 +1,6 @@
 // Tests of the test ground itself: a real kube-apiserver + etcd with kube-controller-manager
-// and kube-scheduler on a kubeadm-shaped PKI, real kubectl, and Debian's docker-registry. No
-// mock of the Kubernetes API anywhere.
+// and kube-scheduler on a kubeadm-shaped PKI, real kubectl, and the ground's OCI registry
+// (CNCF distribution v3 by default, ground/registry.ts). No mock of the Kubernetes API anywhere.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
@@ -261,7 +261,7 @@ test('the registry stores and serves a blob and an OCI manifest', async () => {
     headers: { 'content-type': 'application/vnd.oci.image.manifest.v1+json' },
   });
   assert.equal(mput.status, 201);
-  // CNCF distribution 2.8 only serves an OCI manifest when Accept lists its media type.
+  // CNCF distribution (v3 and 2.8) only serves an OCI manifest when Accept lists its media type.
   const without = await fetch(`${base}/manifests/v1`);
   assert.equal(without.status, 404);
   const got = await fetch(`${base}/manifests/v1`, {

@@ -1,6 +1,6 @@
 // Hibernate and wake under faults (issue 10, "Acceptance: Faults"; docs/contracts/pod-to-vm.md
 // "Hibernate", "Rollback", "Wake", "Op retry"; docs/registry.md "Evidence", "Wake source"):
-// the real apiserver, the real docker-registry behind the fault-injecting proxy of
+// the real apiserver, the ground's real registry behind the fault-injecting proxy of
 // registry-proxy.ts (the daemon's OCI_REGISTRY points at the proxy; the test reads the
 // registry directly), and the cocoon simulator's faults and latency knobs. Each pod has a VM
 // name of its own, so the tests of this file share one world and one daemon.

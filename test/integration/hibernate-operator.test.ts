@@ -7,7 +7,7 @@
 // `failed`. Also: crane reading what a hibernate pushed, fork-from, and the delete-time
 // snapshot (`snapshot-policy: always`) with the registry up and down. The daemon's
 // OCI_REGISTRY is the fault-injecting proxy of registry-proxy.ts in front of the ground's
-// docker-registry; the test reads the registry directly.
+// registry; the test reads the registry directly.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';

@@ -1,5 +1,5 @@
 // Hibernate and wake end to end (issue 10; docs/decisions.md "Hibernate and wake"): the real
-// apiserver, the real docker-registry, the cocoon simulator with disk content, and crane
+// apiserver, the ground's real registry, the cocoon simulator with disk content, and crane
 // reading what we pushed. Each world pushes under its own registry path.
 import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';

@@ -1,4 +1,4 @@
-// A fault-injecting HTTP proxy in front of a real registry (the ground's docker-registry), for
+// A fault-injecting HTTP proxy in front of a real registry (the ground's, or a standalone one), for
 // tests of what a real registry will not do on demand: refuse a manifest PUT, go away (refuse
 // or reset connections), go away in the middle of an upload, come back.
 //

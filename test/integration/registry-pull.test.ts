@@ -1,5 +1,6 @@
 // The registry read path and the snapshot pull (registry.md §2–§5, §7) against the REAL
-// Debian docker-registry (CNCF distribution 2.8) of the test ground and the cocoon simulator,
+// registry of the test ground (CNCF distribution v3 by default; Debian's 2.8 with
+// VK_REGISTRY_KIND=docker-registry: both behave alike here) and the cocoon simulator,
 // plus a small in-process fake registry for what a real registry will not do on demand:
 // Bearer/Basic challenges, a redirect to another host, 5xx, truncated bodies and digest
 // mismatches.
@@ -278,7 +279,7 @@ function logCapture() {
 
 // --- The real registry (test-ground.md §6) --------------------------------------------------
 
-describe('docker-registry 2.8 (real)', () => {
+describe("the ground's registry (real)", () => {
   let registry: RegistryClient;
   before(() => {
     registry = new RegistryClient({ base: `${g.registry.hostPort}/cocoon`, credentials: [] });
@@ -305,7 +306,7 @@ describe('docker-registry 2.8 (real)', () => {
     assert.equal(got.manifest.config.mediaType, MEDIA_TYPE.snapshotConfig);
     const byDigest = await registry.getManifest(name, parseReference(a.digest));
     assert.equal(byDigest !== 'absent' && byDigest.digest, a.digest);
-    // Absent: unknown tag and unknown repository, HEAD and GET. 2.8 answers MANIFEST_UNKNOWN for
+    // Absent: unknown tag and unknown repository, HEAD and GET. v3 and 2.8 answer MANIFEST_UNKNOWN for
     // both (not NAME_UNKNOWN for the repository); the client takes any manifest 404 as absent.
     const code = async (path: string) => {
       const r = await fetch(`${g.registry.url}${path}`, { headers: { accept: MEDIA_TYPE.ociManifest } });

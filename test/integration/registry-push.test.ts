@@ -1,10 +1,13 @@
-// The registry write path (registry.md §3, §4.1, §4.2, §6.1, §7) against the REAL Debian
-// docker-registry (CNCF distribution 2.8) of the test ground and the cocoon simulator: a VM
-// snapshot saved by `cocoon snapshot save`, pushed with pushSnapshot, then checked by an
-// independent OCI client — crane (go-containerregistry, built by scripts/cranebin.sh) — and
-// pulled back on another simulator root. Faults a real registry will not produce on demand
-// (a refused manifest PUT, the registry going away mid-upload) come from the fault-injecting
-// proxy of registry-proxy.ts in front of the real registry.
+// The registry write path (registry.md §3, §4.1, §4.2, §6.1, §7) against the REAL registry of
+// the test ground (CNCF distribution v3 by default, ground/registry.ts) and the cocoon
+// simulator: a VM snapshot saved by `cocoon snapshot save`, pushed with pushSnapshot, then
+// checked by an independent OCI client — crane (go-containerregistry, built by
+// scripts/cranebin.sh) — and pulled back on another simulator root. Faults a real registry will
+// not produce on demand (a refused manifest PUT, the registry going away mid-upload) come from
+// the fault-injecting proxy of registry-proxy.ts in front of the real registry. The tag delete
+// is tested twice: on the ground's registry (v3 deletes a tag itself), and on a standalone
+// Debian docker-registry 2.8 (a process, no control plane) that refuses a tag DELETE, through
+// which the client's digest fallback is tested.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -15,6 +18,7 @@ import { after, before, describe, it } from 'node:test';
 import { promisify } from 'node:util';
 import tar from 'tar-stream';
 import { type Ground, useGround } from '../../ground/ground.ts';
+import { type RegistryState, startRegistry, stopRegistry } from '../../ground/registry.ts';
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { silentLogger } from '../../src/log.ts';
@@ -37,9 +41,10 @@ import { RegistryProxy } from './registry-proxy.ts';
 
 const run = promisify(execFile);
 const repoRoot = path.resolve(import.meta.dirname, '..', '..');
-// Pins 2.8's quirks (a tag DELETE is 400 DIGEST_INVALID: the digest fallback is tested through
-// it): a run whose ground runs distribution v3 (VK_REGISTRY_KIND) gives this file a private 2.8.
-const ground = useGround({ registry: 'docker-registry' });
+// The shared ground, whichever registry kind it runs: 2.8's quirk (a tag DELETE is 400
+// DIGEST_INVALID) is tested on a standalone 2.8 of this file's own (about 1 s; a private
+// ground would cost a control plane, about 20 s).
+const ground = useGround();
 let g: Ground;
 let sim: SimRoot;
 let cli: CocoonCli;
@@ -62,6 +67,24 @@ async function craneRun(...args: string[]): Promise<string> {
   const { stdout } = await run(crane, [...args, '--insecure'], { maxBuffer: 64 << 20, encoding: 'utf8' });
   return stdout;
 }
+
+/** The tags of `<host:port>/<repository>`, as crane lists them. */
+async function craneTags(repository: string): Promise<string[]> {
+  return (await craneRun('ls', repository)).trim().split('\n').filter(Boolean).sort();
+}
+
+/** A raw `DELETE` of `url`: `<status>`, and the first OCI error code when there is one. */
+async function rawDelete(url: string): Promise<string> {
+  const res = await fetch(url, { method: 'DELETE' });
+  const body = await res.text();
+  if (res.status < 400) return String(res.status);
+  const code = (JSON.parse(body) as { errors?: { code?: string }[] }).errors?.[0]?.code;
+  return `${res.status} ${code}`;
+}
+
+/** The proxy's requests since `from`, as `METHOD path status`. */
+const answered = (proxy: RegistryProxy, from = 0) =>
+  proxy.requests.slice(from).map((r) => `${r.method} ${r.path} ${r.status}`);
 
 async function craneBytes(...args: string[]): Promise<Buffer> {
   const { stdout } = await run(crane, [...args, '--insecure'], { maxBuffer: 64 << 20, encoding: 'buffer' });
@@ -112,12 +135,19 @@ after(async () => {
   await sim?.cleanup();
 });
 
-describe('push to docker-registry 2.8 (real), checked with crane', () => {
+describe("push to the ground's registry (real), checked with crane", () => {
   let saved: Saved;
   let digest: string;
+  /** A standalone Debian docker-registry 2.8 (the digest fallback's test), when started. */
+  let old: RegistryState | undefined;
+  const oldDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-push-2.8-'));
 
   before(async () => {
     saved = await savedSnapshot('vk-push-a');
+  });
+  after(async () => {
+    if (old) await stopRegistry(old);
+    fs.rmSync(oldDir, { recursive: true, force: true });
   });
 
   it('push: crane lists the tag; manifest and config parse as the v1 format; every blob verifies', async () => {
@@ -300,7 +330,10 @@ describe('push to docker-registry 2.8 (real), checked with crane', () => {
       'team',
     ]);
     assert.equal(m.annotations['cocoonstack.snapshot.from-node'], 'cocoon-node-2');
-    assert.deepEqual(await readSnapshotIdentity(registry, 'vk-push-a', 'hibernate'), {
+    const identity = await readSnapshotIdentity(registry, 'vk-push-a', 'hibernate');
+    assert.ok(identity !== 'absent');
+    const { config, ...stamps } = identity;
+    assert.deepEqual(stamps, {
       digest: result.digest,
       snapshotId: saved.id,
       baseImage: IMAGE,
@@ -308,29 +341,105 @@ describe('push to docker-registry 2.8 (real), checked with crane', () => {
       namespace: '', // pushSnapshot alone stamps none; the provider passes its pod's owner stamps
       controllerUid: '',
     });
+    // The validated config blob comes along (what a peer restore checks the peer against).
+    assert.equal(config.snapshotId, saved.id);
+    assert.equal(config.image, IMAGE);
+    assert.equal(config.files['memory-range-0']?.size, 2_500_000);
     const latest = await readSnapshotIdentity(registry, 'vk-push-a', 'latest');
     assert.ok(latest !== 'absent');
     assert.equal(latest.fromNode, '');
     assert.equal(latest.digest, digest);
   });
 
-  it('deleteSnapshotTag: distribution refuses a tag DELETE (400), the digest fallback deletes it; then absent', async () => {
-    const raw = await fetch(`${g.registry.url}/v2/cocoon/vk-push-a/manifests/hibernate`, {
-      method: 'DELETE',
-    });
-    assert.equal(raw.status, 400, 'what the fallback is for');
-    await raw.body?.cancel();
-    assert.equal(await deleteSnapshotTag(registry, 'vk-push-a', 'hibernate'), 'deleted');
+  it("deleteSnapshotTag on Debian's docker-registry 2.8 (standalone): a tag DELETE is refused (400 DIGEST_INVALID), the digest fallback deletes it; then absent", async () => {
+    // A registry of its own (a process, no control plane) holding copies of both tags: the
+    // ground's registry deletes tags itself (v3), so the fallback is tested here.
+    old = await startRegistry(path.join(oldDir, 'registry'), { kind: 'docker-registry' });
+    assert.match(old.version, /distribution 2\.8\./);
+    const src = `${g.registry.hostPort}/cocoon/vk-push-a`;
+    const dst = `${old.hostPort}/cocoon/vk-push-a`;
+    for (const tag of ['hibernate', 'latest']) await craneRun('copy', `${src}:${tag}`, `${dst}:${tag}`);
+    assert.deepEqual(await craneTags(dst), ['hibernate', 'latest']);
+    const proxy = await RegistryProxy.start(old.hostPort);
+    const via = new RegistryClient({ base: `${proxy.hostPort}/cocoon`, credentials: [] });
+    try {
+      const name = via.repository('vk-push-a');
+      const hib = await via.headManifest(name, parseReference('hibernate'));
+      assert.ok(hib !== 'absent');
+      const onGround = await registry.headManifest(name, parseReference('hibernate'));
+      assert.equal(onGround !== 'absent' && onGround.digest, hib.digest, 'the copy is the same manifest');
+      assert.equal(
+        await rawDelete(`${old.url}/v2/cocoon/vk-push-a/manifests/hibernate`),
+        '400 DIGEST_INVALID',
+        'what the fallback is for',
+      );
+      const from = proxy.requests.length;
+      assert.equal(await deleteSnapshotTag(via, 'vk-push-a', 'hibernate'), 'deleted');
+      assert.deepEqual(answered(proxy, from), [
+        'DELETE /v2/cocoon/vk-push-a/manifests/hibernate 400',
+        'HEAD /v2/cocoon/vk-push-a/manifests/hibernate 200',
+        `DELETE /v2/cocoon/vk-push-a/manifests/${hib.digest} 202`,
+      ]);
+      assert.equal(await via.headManifest(name, parseReference('hibernate')), 'absent');
+      // Deleted by digest: the manifest itself is gone, not only the tag.
+      assert.equal(await via.headManifest(name, parseReference(hib.digest)), 'absent');
+      assert.equal(await deleteSnapshotTag(via, 'vk-push-a', 'hibernate'), 'absent');
+      assert.equal(await deleteSnapshotTag(via, 'never-pushed', 'hibernate'), 'absent');
+      assert.equal(await readSnapshotIdentity(via, 'vk-push-a', 'hibernate'), 'absent');
+      // The other tag of the repository is untouched.
+      const latest = await via.headManifest(name, parseReference('latest'));
+      assert.equal(latest !== 'absent' && latest.digest, digest);
+      assert.deepEqual(await craneTags(dst), ['latest']);
+    } finally {
+      via.close();
+      await proxy.stop();
+    }
+  });
+
+  it("deleteSnapshotTag on the ground's registry: distribution v3 deletes the tag itself (202, no fallback), the manifest stays by digest; then absent", async () => {
+    // With VK_REGISTRY_KIND=docker-registry the ground is a 2.8: the fallback's answers then.
+    const v3 = g.registry.kind === 'distribution';
+    const repo = `${g.registry.hostPort}/cocoon/vk-push-a`;
     const name = registry.repository('vk-push-a');
+    const hib = await registry.headManifest(name, parseReference('hibernate'));
+    assert.ok(hib !== 'absent');
+    // What the registry does with a raw tag DELETE, on a copy of the tag.
+    await craneRun('tag', `${repo}:hibernate`, 'probe');
+    assert.deepEqual(await craneTags(repo), ['hibernate', 'latest', 'probe']);
+    assert.equal(
+      await rawDelete(`${g.registry.url}/v2/cocoon/vk-push-a/manifests/probe`),
+      v3 ? '202' : '400 DIGEST_INVALID',
+    );
+    assert.deepEqual(await craneTags(repo), v3 ? ['hibernate', 'latest'] : ['hibernate', 'latest', 'probe']);
+    const proxy = await RegistryProxy.start(g.registry.hostPort);
+    const via = new RegistryClient({ base: `${proxy.hostPort}/cocoon`, credentials: [] });
+    try {
+      assert.equal(await deleteSnapshotTag(via, 'vk-push-a', 'hibernate'), 'deleted');
+      assert.deepEqual(
+        answered(proxy),
+        v3
+          ? ['DELETE /v2/cocoon/vk-push-a/manifests/hibernate 202']
+          : [
+              'DELETE /v2/cocoon/vk-push-a/manifests/hibernate 400',
+              'HEAD /v2/cocoon/vk-push-a/manifests/hibernate 200',
+              `DELETE /v2/cocoon/vk-push-a/manifests/${hib.digest} 202`,
+            ],
+      );
+    } finally {
+      via.close();
+      await proxy.stop();
+    }
     assert.equal(await registry.headManifest(name, parseReference('hibernate')), 'absent');
+    // v3 removed the tag only: the manifest stays by digest (2.8's fallback deletes the manifest).
+    const byDigest = await registry.headManifest(name, parseReference(hib.digest));
+    assert.equal(byDigest === 'absent' ? 'absent' : byDigest.digest, v3 ? hib.digest : 'absent');
     assert.equal(await deleteSnapshotTag(registry, 'vk-push-a', 'hibernate'), 'absent');
     assert.equal(await deleteSnapshotTag(registry, 'never-pushed', 'hibernate'), 'absent');
     assert.equal(await readSnapshotIdentity(registry, 'vk-push-a', 'hibernate'), 'absent');
-    // The other tag of the repository is untouched.
-    assert.notEqual(await registry.headManifest(name, parseReference('latest')), 'absent');
-    assert.deepEqual((await craneRun('ls', `${g.registry.hostPort}/cocoon/vk-push-a`)).trim().split('\n'), [
-      'latest',
-    ]);
+    // The other tag of the repository is untouched (and the probe is gone either way).
+    const latest = await registry.headManifest(name, parseReference('latest'));
+    assert.equal(latest !== 'absent' && latest.digest, digest);
+    assert.deepEqual(await craneTags(repo), ['latest']);
   });
 });
 

@@ -1,6 +1,6 @@
 // Run mode with artifacts in the registry (docs/contracts/pod-to-vm.md "Bring-up: run";
 // docs/registry.md "Cloud-image artifacts (run mode)"): the real apiserver, the real
-// docker-registry (this world pushes under its own namespace path), the cocoon simulator.
+// registry of the ground (this world pushes under its own namespace path), the cocoon simulator.
 // A cloud-image artifact (a qcow2 split in two `.part` layers plus SHA256SUMS) is streamed
 // into `cocoon image import <repo:tag>` and booted under that name; a snapshot artifact is
 // refused naming it; a layer whose stored bytes do not hash to its digest fails the import

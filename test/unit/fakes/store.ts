@@ -1,7 +1,7 @@
 // A fake of the provider's SnapshotStore port (src/provider/cocoon/context.ts) for in-process
 // tests: an in-memory registry of `<repo>:<tag>` identities that reads and creates snapshots in
 // a FakeCocoon, every call recorded, with switches for an unreachable registry and refused
-// pushes. The real push, pull and identity read are tested against docker-registry and crane
+// pushes. The real push, pull and identity read are tested against the ground's registry and crane
 // (test/integration/registry-push.test.ts).
 import type { SnapshotIdentity, SnapshotStore } from '../../../src/provider/cocoon/context.ts';
 import { SnapshotPullError } from '../../../src/registry/pull.ts';
