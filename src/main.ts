@@ -24,6 +24,7 @@ import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
 import { allocatableForAdmission } from './node/node-object.ts';
+import { PeerHost } from './node/peer-host.ts';
 import { PodController } from './pods/controller.ts';
 import { PodStatusWriter } from './pods/status-writer.ts';
 import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
@@ -176,6 +177,39 @@ async function main(argv: string[]): Promise<number> {
   const status = new PodStatusWriter({ kube, log });
   // Watched while anything waits for a lease (src/net/leases.ts); closed at shutdown.
   const leases = new LeaseFile(config.leasesPath, { log });
+  // The provenance ledger (docs/security.md): opened before anything is adopted; a file
+  // that does not decode stops the startup.
+  const ledger = await Ledger.open({
+    path: join(config.stateDir, 'ledger.json'),
+    node: config.nodeName,
+    log,
+  });
+  // Peer restore (docs/peer-restore.md): this host's snapshot server and the wakes' client;
+  // the staging directory is emptied before anything could stage into it.
+  const peer = new PeerHost({
+    config: config.peer,
+    nodeName: config.nodeName,
+    kube,
+    cli,
+    ledger,
+    stateDir: config.stateDir,
+    nodeIP,
+    clientCa,
+    clientCert: access.cert && access.key ? { cert: access.cert, key: access.key } : undefined,
+    maxStagedBytes: Number(config.maxVmStorageBytes ?? 2n ** 50n) + 2 ** 40,
+    metrics: metrics.peer,
+    lifetime: lifetime.signal,
+    log,
+  });
+  try {
+    await peer.start();
+  } catch (err) {
+    log.fatal(
+      { err: err instanceof Error ? err.message : String(err) },
+      'cannot start the peer server (VK_PEER_ADDR)',
+    );
+    return 1;
+  }
   const nodeFacts = {
     config,
     host,
@@ -184,13 +218,6 @@ async function main(argv: string[]): Promise<number> {
     declareWebSockets: config.execWebSocket,
     nodeIdentity,
   };
-  // The provenance ledger (docs/security.md): opened before anything is adopted; a file
-  // that does not decode stops the startup.
-  const ledger = await Ledger.open({
-    path: join(config.stateDir, 'ledger.json'),
-    node: config.nodeName,
-    log,
-  });
   const provider = new CocoonProvider({
     ledger,
     status,
@@ -199,6 +226,8 @@ async function main(argv: string[]): Promise<number> {
     puller,
     store,
     imageImporter,
+    // A wake asks the pushing host only when there is a registry to check its copy against.
+    peer: config.peer.listen && store ? peer : undefined,
     config,
     kube,
     cli,
@@ -310,7 +339,12 @@ async function main(argv: string[]): Promise<number> {
   provider.stopLoops();
   leases.close();
   events.stop();
-  const closing = Promise.allSettled([controller.stop(), server.close(), metricsServer?.close()]);
+  const closing = Promise.allSettled([
+    controller.stop(),
+    server.close(),
+    metricsServer?.close(),
+    peer.close(),
+  ]);
   lifetime.abort();
   await Promise.race([closing, new Promise((r) => setTimeout(r, 10_000).unref())]);
   log.info('stopped');

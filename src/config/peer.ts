@@ -13,8 +13,9 @@ export interface PeerConfig {
   stagingDir: string;
   /** VK_COCOON_SNAPSHOT_DIR: `<dir>/<snapshot id>/<file>`, what the peer server reads. */
   snapshotDir: string;
-  /** VK_PEER_PLAIN_HTTP: also answer plain-HTTP (Go daemon) clients, from nodes' addresses only. */
-  plainHttp: boolean;
+  /** VK_PEER_PLAIN_HTTP: the networks (CIDRs) whose plain-HTTP clients (Go daemons) are also
+   * answered; empty: TLS node identities only. */
+  plainHttp: readonly string[];
   /** VK_PEER_MAX_STREAMS: slices served at once, all callers together (Go: 128). */
   maxStreams: number;
   /** VK_PEER_BANDWIDTH in bytes per second, served and fetched each; 0 = unbounded. */
@@ -30,9 +31,9 @@ export const PEER_ENV_DOCS = [
   },
   {
     name: 'VK_PEER_PLAIN_HTTP',
-    default: 'false',
+    default: '(unset)',
     meaning:
-      'also serve plain-HTTP peer clients (Go vk-cocoon hosts), from the InternalIPs of cluster nodes only: anyone on those addresses can read stored snapshots (docs/peer-restore.md)',
+      'comma-separated CIDRs of the node network whose plain-HTTP peer clients (Go vk-cocoon hosts) are also served: anyone on those addresses can read the hibernated state this host keeps (docs/peer-restore.md); unset: node client certificates only',
   },
   {
     name: 'VK_PEER_MAX_STREAMS',
@@ -80,11 +81,20 @@ export function parsePeerConfig(get: (name: string) => string | undefined, probl
       listen = { host, port };
     }
   }
-  const plainRaw = get('VK_PEER_PLAIN_HTTP') ?? '';
-  let plainHttp = false;
-  if (plainRaw === 'true' || plainRaw === '1') plainHttp = true;
-  else if (plainRaw !== '' && plainRaw !== 'false' && plainRaw !== '0')
-    problems.push(`VK_PEER_PLAIN_HTTP=${JSON.stringify(plainRaw)}: expected true or false`);
+  const plainHttp: string[] = [];
+  for (const cidr of (get('VK_PEER_PLAIN_HTTP') ?? '')
+    .split(',')
+    .map((c) => c.trim())
+    .filter(Boolean)) {
+    const [ip = '', bits = ''] = cidr.split('/');
+    const family = isIP(ip);
+    const max = family === 6 ? 128 : 32;
+    if (family === 0 || (bits !== '' && (!/^[0-9]+$/.test(bits) || Number(bits) > max)))
+      problems.push(
+        `VK_PEER_PLAIN_HTTP: ${JSON.stringify(cidr)} is not a CIDR (e.g. 10.0.0.0/16) or an IP address`,
+      );
+    else plainHttp.push(bits === '' ? `${ip}/${max}` : cidr);
+  }
   const streamsRaw = get('VK_PEER_MAX_STREAMS') ?? '';
   let maxStreams = 128;
   if (streamsRaw !== '') {

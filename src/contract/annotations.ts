@@ -53,10 +53,6 @@ export const CLONE_FROM_DIR = 'vm.cocoonstack.io/clone-from-dir';
 export const HIBERNATE = 'vm.cocoonstack.io/hibernate';
 export const RESTORE_FROM_HIBERNATE = 'vm.cocoonstack.io/restore-from-hibernate';
 export const KEEP_SNAPSHOT_ON_DELETE = 'vm.cocoonstack.io/keep-snapshot-on-delete';
-/** On our own Node object: the SHA-256 (hex) of the peer server's TLS certificate, which other
- * hosts pin (docs/peer-restore.md). Absent on a Go host's node: it serves plain HTTP. Only the
- * node itself (NodeRestriction) or an administrator can write it. */
-export const PEER_CERT_SHA256 = 'vm.cocoonstack.io/peer-cert-sha256';
 
 /** Every VMSpec key; the provider MUST NEVER write any of them (docs/contracts/annotations.md "VMSpec keys"). */
 export const VMSPEC_KEYS: readonly string[] = [

@@ -73,6 +73,15 @@ export interface NodeMetrics {
 }
 
 /** A hook run (once per scrape) before the per-VM and node families are rendered. */
+export interface PeerMetrics {
+  serverStreams: { set(value: number): void };
+  serverBytes: PlainCounter;
+  serverRequests: LabeledCounter<{ route: string; result: string }>;
+  serverRefusals: LabeledCounter<{ reason: string }>;
+  restoresActive: { inc(): void; dec(): void };
+  restoreBytes: PlainCounter;
+}
+
 export type CollectHook = () => Promise<void> | void;
 
 export interface Metrics {
@@ -114,6 +123,9 @@ export interface Metrics {
   postcloneRetryAttempts: LabeledHistogram<{ result: string }>;
   readyDeadlineExceeded: PlainCounter;
   readinessReconcile: LabeledCounter<{ step: string }>;
+  /** The peer server (docs/peer-restore.md): slices being sent, bytes sent, requests by route
+   * and result, refusals by reason; the peer client: restores in flight and bytes fetched. */
+  peer: PeerMetrics;
 
   vm: VmMetrics;
   node: NodeMetrics;
@@ -129,6 +141,8 @@ export const POSTCLONE_RETRY_ATTEMPT_BUCKETS: readonly number[] = [1, 2, 5, 10, 
 export const PROBE_DURATION_BUCKETS: readonly number[] = [
   0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 ];
+/** The Go daemon's buckets of `cocoon_vk_snapshot_peer_restore_duration_seconds` (dashboards compare). */
+export const PEER_RESTORE_DURATION_BUCKETS: readonly number[] = [1, 2.5, 5, 7.5, 10, 15, 30, 60, 120];
 export const SNAPSHOT_DURATION_BUCKETS: readonly number[] = [1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200];
 
 export interface CreateMetricsOptions {
@@ -269,9 +283,33 @@ export function createMetrics(options: CreateMetricsOptions = {}): Metrics {
     snapshotPeerRestoreDuration: histogram(
       'cocoon_vk_snapshot_peer_restore_duration_seconds',
       'Duration of snapshot restores from a peer node by namespace.',
-      SNAPSHOT_DURATION_BUCKETS,
+      PEER_RESTORE_DURATION_BUCKETS,
       ['namespace'],
     ),
+    peer: {
+      serverStreams: new Gauge({
+        name: 'cocoon_vk_peer_server_streams',
+        help: 'Snapshot slices the peer server is sending now (bounded by VK_PEER_MAX_STREAMS).',
+        registers,
+      }),
+      serverBytes: counter('cocoon_vk_peer_server_bytes_total', 'Snapshot bytes the peer server sent.'),
+      serverRequests: counter(
+        'cocoon_vk_peer_server_requests_total',
+        'Peer server requests by route and result.',
+        ['route', 'result'],
+      ),
+      serverRefusals: counter(
+        'cocoon_vk_peer_server_refusals_total',
+        'Peer server refusals by reason (unauthorized, forbidden, plain_http, saturated, caller_saturated, too_long, write_stall, ...).',
+        ['reason'],
+      ),
+      restoresActive: new Gauge({
+        name: 'cocoon_vk_peer_restores_active',
+        help: 'Peer restores in flight on this host (at most 2).',
+        registers,
+      }),
+      restoreBytes: counter('cocoon_vk_peer_restore_bytes_total', 'Snapshot bytes fetched from peers.'),
+    },
     probeDuration: histogram(
       'cocoon_vk_probe_duration_seconds',
       'Duration of guest probes by namespace.',

@@ -6,7 +6,6 @@
 //   so the node goes NotReady through the normal node lifecycle.
 // - A deleted node is re-created (TS addition, logged).
 import type { V1Lease, V1Node, V1NodeCondition } from '@kubernetes/client-node';
-import { PEER_CERT_SHA256 } from '../contract/annotations.ts';
 import { apiErrorMessage, apiStatus, type Kube, strategicMergePatch } from '../kube/client.ts';
 import type { Informer } from '../kube/informer.ts';
 import type { Logger } from '../log.ts';
@@ -98,10 +97,7 @@ export class NodeAgent {
   async #assertMetadata(live: V1Node): Promise<void> {
     const { core } = this.#o.kube;
     const labels = nodeLabels(this.#o.facts);
-    // The peer pin is ours to set or clear: a stale pin would make other hosts refuse this
-    // host's new certificate (or a server that no longer runs).
-    const annotations = { [PEER_CERT_SHA256]: this.#o.facts.peerCertSha256 ?? null };
-    const patch: Record<string, unknown> = { metadata: { labels, annotations } };
+    const patch: Record<string, unknown> = { metadata: { labels } };
     const spec: Record<string, unknown> = {};
     const untainted = !(live.spec?.taints ?? []).some((t) => t.key === PROVIDER_TAINT_KEY);
     // NodeRestriction refuses any taint change a node makes to itself, which is also the point:

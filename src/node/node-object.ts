@@ -2,7 +2,6 @@
 // facts, unit-tested; the heartbeat writes it.
 import type { V1Node, V1NodeCondition } from '@kubernetes/client-node';
 import type { Config } from '../config/env.ts';
-import { PEER_CERT_SHA256 } from '../contract/annotations.ts';
 import { parseQuantity, quantityMilliValue, quantityValue } from '../vmspec/quantity.ts';
 import type { HostFacts } from './host.ts';
 
@@ -32,9 +31,6 @@ export interface NodeFacts {
   /** The daemon runs as the node identity `system:node:<name>` (src/kube/identity.ts): the
    * labels NodeRestriction refuses are left out and the taint is never re-added. */
   nodeIdentity?: boolean;
-  /** The peer server's certificate pin (PEER_CERT_SHA256); undefined: no peer server, and a
-   * pin left from an earlier start is removed. */
-  peerCertSha256?: string;
 }
 
 // What a kubelet may label its own Node with (k8s.io/kubelet pkg/apis/well_known_labels.go).
@@ -183,11 +179,7 @@ export function desiredNode(f: NodeFacts, now: Date): V1Node {
   return {
     apiVersion: 'v1',
     kind: 'Node',
-    metadata: {
-      name: f.config.nodeName,
-      labels: nodeLabels(f),
-      ...(f.peerCertSha256 ? { annotations: { [PEER_CERT_SHA256]: f.peerCertSha256 } } : {}),
-    },
+    metadata: { name: f.config.nodeName, labels: nodeLabels(f) },
     spec: {
       taints: [{ key: PROVIDER_TAINT_KEY, value: 'cocoon', effect: 'NoSchedule' }],
       ...(f.config.providerID ? { providerID: f.config.providerID } : {}),

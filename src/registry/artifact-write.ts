@@ -29,6 +29,10 @@ export const ANNOTATION = {
   controllerUid: 'vm.cocoonstack.io/controller-uid',
   pod: 'vm.cocoonstack.io/pod',
   podUid: 'vm.cocoonstack.io/pod-uid',
+  /** TS addition (docs/peer-restore.md): where the pushing host serves this state to its peers
+   * (`ip:port`) and the SHA-256 of its peer certificate, which a waking host pins. */
+  peerAddress: 'vm.cocoonstack.io/peer-address',
+  peerPin: 'vm.cocoonstack.io/peer-cert-sha256',
 } as const;
 
 /** Caller annotations may not use this prefix: it is the provider's own. */

@@ -315,6 +315,9 @@ export interface SnapshotIdentity {
   namespace: string;
   /** `vm.cocoonstack.io/controller-uid` (`''` when absent). */
   controllerUid: string;
+  /** `vm.cocoonstack.io/peer-address` and `-cert-sha256` (`''` when absent: a Go pusher). */
+  peerAddress: string;
+  peerPin: string;
   /** The validated config blob: what a peer restore checks the peer against and stages as
    * `snapshot.json` (docs/peer-restore.md). */
   config: SnapshotConfig;
@@ -349,6 +352,8 @@ export async function readSnapshotIdentity(
     fromNode: a[ANNOTATION.fromNode] ?? '',
     namespace: a[ANNOTATION.namespace] ?? '',
     controllerUid: a[ANNOTATION.controllerUid] ?? '',
+    peerAddress: a[ANNOTATION.peerAddress] ?? '',
+    peerPin: a[ANNOTATION.peerPin] ?? '',
     config: config.value,
   };
 }

@@ -42,6 +42,7 @@ export class RegistrySnapshotStore {
     controllerUid?: string;
     pod?: string;
     podUid?: string;
+    peer?: { address: string; pin: string };
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
@@ -56,6 +57,10 @@ export class RegistrySnapshotStore {
     if (args.controllerUid) stamps[ANNOTATION.controllerUid] = args.controllerUid;
     if (args.pod) stamps[ANNOTATION.pod] = args.pod;
     if (args.podUid) stamps[ANNOTATION.podUid] = args.podUid;
+    if (args.peer) {
+      stamps[ANNOTATION.peerAddress] = args.peer.address;
+      stamps[ANNOTATION.peerPin] = args.peer.pin;
+    }
     return pushSnapshot({
       registry: this.#o.registry,
       cli: this.#o.cli,

@@ -58,6 +58,9 @@ export interface SnapshotIdentity {
   readonly controllerUid?: string;
   /** The validated config blob (a peer restore's identity check and `snapshot.json`). */
   readonly config?: SnapshotConfig;
+  /** Where the pushing host serves it (`ip:port`) and its certificate pin; `''`: a Go pusher. */
+  readonly peerAddress?: string;
+  readonly peerPin?: string;
 }
 
 /** The registry side of hibernate, wake and delete-time snapshots (docs/registry.md, "Push flow",
@@ -76,6 +79,8 @@ export interface SnapshotStore {
     controllerUid?: string;
     pod?: string;
     podUid?: string;
+    /** This host's peer server, stamped so a waking host can ask it (docs/peer-restore.md). */
+    peer?: { address: string; pin: string };
     signal?: AbortSignal;
     log?: Logger;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }>;
@@ -101,11 +106,15 @@ export interface PeerStaged {
 /** Peer restore (docs/peer-restore.md): the hibernated state of a VM name fetched from the host
  * that pushed it instead of the registry. src/peer/restorer.ts implements it. */
 export interface PeerRestorer {
+  /** This host's peer server as pushes stamp it; undefined when it runs none. */
+  readonly stamp: { address: string; pin: string } | undefined;
   /** Stages `vmName`'s state from the node `fromNode`. `{ skip }` when that node cannot be asked
    * (no such node, no address: no attempt, no metric); throws when the restore ran and failed. */
   restore(args: {
     vmName: string;
     fromNode: string;
+    /** The pusher's stamped peer server; absent: a Go pusher, found through its Node object. */
+    stamp?: { address: string; pin: string };
     config: SnapshotConfig;
     signal?: AbortSignal;
     log: Logger;

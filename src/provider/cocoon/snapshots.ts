@@ -9,6 +9,7 @@ import { snapshotHolder } from '../../cocoon/errors.ts';
 import { parseSnapshotList, type SnapshotRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
 import type { Logger } from '../../log.ts';
+import { inspectSnapshot } from '../../registry/pull.ts';
 import { pause } from '../../util/deadline.ts';
 import { checkSnapshotWrite, enforce } from './authority.ts';
 import type { ProviderContext } from './context.ts';
@@ -68,7 +69,11 @@ export async function saveSnapshot(
     await save();
   }
   ctx.localSnapshots.add(name);
-  await ctx.ledger.confirm('snapshot', name, '', opts.owner, opts.pod);
+  // `snapshot save` prints no id: one inspect gives the ledger the very snapshot it saved (what
+  // the peer server hands out, docs/peer-restore.md). A failed inspect leaves the id empty, as
+  // before; the startup reconcile fills it.
+  const saved = await inspectSnapshot(ctx.cli, name, opts.signal).catch(() => undefined);
+  await ctx.ledger.confirm('snapshot', name, saved?.id ?? '', opts.owner, opts.pod);
 }
 
 /** `snapshot rm <ref>`: not found is success; `is in use by an active …` is retried for up to

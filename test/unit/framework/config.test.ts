@@ -74,24 +74,24 @@ test('peer settings: defaults like the Go daemon, empty VK_PEER_ADDR disables, b
   assert.deepEqual(d.listen, { host: '', port: 12501 });
   assert.equal(d.stagingDir, '/var/lib/cocoon/vk-staging');
   assert.equal(d.snapshotDir, '/var/lib/cocoon/snapshot/localfile');
-  assert.equal(d.plainHttp, false);
+  assert.deepEqual(d.plainHttp, []);
   assert.equal(d.maxStreams, 128);
   assert.equal(d.bandwidth, 0);
   assert.equal(loadConfig({ VK_PEER_ADDR: '' }).peer.listen, undefined);
   assert.deepEqual(loadConfig({ VK_PEER_ADDR: '[::1]:9' }).peer.listen, { host: '::1', port: 9 });
   const c = loadConfig({
     VK_PEER_ADDR: '127.0.0.7:7000',
-    VK_PEER_PLAIN_HTTP: 'true',
+    VK_PEER_PLAIN_HTTP: '10.0.0.0/16, 10.9.9.9',
     VK_PEER_BANDWIDTH: '500Mi',
   });
   assert.deepEqual(c.peer.listen, { host: '127.0.0.7', port: 7000 });
-  assert.equal(c.peer.plainHttp, true);
+  assert.deepEqual(c.peer.plainHttp, ['10.0.0.0/16', '10.9.9.9/32']);
   assert.equal(c.peer.bandwidth, 500 * 2 ** 20);
   assert.throws(
     () =>
       loadConfig({
         VK_PEER_ADDR: 'nope',
-        VK_PEER_PLAIN_HTTP: 'yes',
+        VK_PEER_PLAIN_HTTP: '10.0.0.0/40',
         VK_PEER_MAX_STREAMS: '0',
         VK_PEER_BANDWIDTH: 'fast',
         VK_STAGING_DIR: 'relative',

@@ -57,6 +57,13 @@ const SPEC: ReadonlyArray<readonly [string, Type, readonly string[]]> = [
   ['cocoon_vk_node_storage_total_bytes', 'gauge', []],
   ['cocoon_vk_ready_deadline_exceeded_total', 'counter', []],
   ['cocoon_vk_readiness_reconcile_total', 'counter', ['step']],
+  // TS additions: the peer server and client (docs/peer-restore.md).
+  ['cocoon_vk_peer_server_streams', 'gauge', []],
+  ['cocoon_vk_peer_server_bytes_total', 'counter', []],
+  ['cocoon_vk_peer_server_requests_total', 'counter', ['route', 'result']],
+  ['cocoon_vk_peer_server_refusals_total', 'counter', ['reason']],
+  ['cocoon_vk_peer_restores_active', 'gauge', []],
+  ['cocoon_vk_peer_restore_bytes_total', 'counter', []],
 ];
 
 /** Touches every family once through its typed handle so each one has a sample. */
@@ -102,6 +109,12 @@ function touchAll(m: Metrics): void {
   m.node.memoryUsedBytes.set(1);
   m.node.storageAvailableBytes.set(1);
   m.node.storageTotalBytes.set(1);
+  m.peer.serverStreams.set(1);
+  m.peer.serverBytes.inc(1);
+  m.peer.serverRequests.inc({ route: 'slice', result: 'ok' });
+  m.peer.serverRefusals.inc({ reason: 'unauthorized' });
+  m.peer.restoresActive.inc();
+  m.peer.restoreBytes.inc(1);
 }
 
 describe('createMetrics', () => {

@@ -18,15 +18,22 @@ const HIBERNATE = 'vm.cocoonstack.io/hibernate';
 
 /** A PeerRestorer that records its calls and answers as told. */
 class FakePeer implements PeerRestorer {
-  readonly calls: { vmName: string; fromNode: string; snapshotId: string }[] = [];
+  readonly stamp = { address: '127.0.0.9:12501', pin: 'ab'.repeat(32) };
+  readonly calls: { vmName: string; fromNode: string; snapshotId: string; stamp?: string }[] = [];
   readonly released: string[] = [];
   answer: 'staged' | 'skip' | 'fail' = 'staged';
   async restore(args: {
     vmName: string;
     fromNode: string;
+    stamp?: { address: string; pin: string };
     config: SnapshotConfig;
   }): Promise<PeerStaged | { skip: string }> {
-    this.calls.push({ vmName: args.vmName, fromNode: args.fromNode, snapshotId: args.config.snapshotId });
+    this.calls.push({
+      vmName: args.vmName,
+      fromNode: args.fromNode,
+      snapshotId: args.config.snapshotId,
+      ...(args.stamp ? { stamp: `${args.stamp.address} ${args.stamp.pin.slice(0, 4)}` } : {}),
+    });
     if (this.answer === 'skip') return { skip: `node ${args.fromNode} not found` };
     if (this.answer === 'fail') throw new Error('checksum mismatch');
     const dir = `/staging/${args.vmName}-1`;
@@ -99,6 +106,8 @@ async function hibernatedElsewhere(
     ...id,
     snapshotId,
     fromNode: o.fromNode,
+    peerAddress: '127.9.9.9:12501',
+    peerPin: 'cd'.repeat(32),
     config: { schemaVersion: 'v1', snapshotId, hypervisor: 'cloud-hypervisor', files: {}, raw: {} },
   });
   if (o.dropLocal) hh.cocoon.snapshots.delete(`vk-${name}`);
@@ -111,7 +120,9 @@ describe('a wake asks the pushing host', () => {
     const pod = await hibernatedElsewhere(s, 'p-0', { fromNode: 'host-b', dropLocal: true });
     await s.hh.provider.updatePod(apiCopy(s.hh, pod, { [HIBERNATE]: null }));
     await until('woken', () => s.hh.events.some((e) => e.reason === 'Woken'));
-    assert.deepEqual(s.peer.calls, [{ vmName: 'vk-p-0', fromNode: 'host-b', snapshotId: 'snap-vk-p-0' }]);
+    assert.deepEqual(s.peer.calls, [
+      { vmName: 'vk-p-0', fromNode: 'host-b', snapshotId: 'snap-vk-p-0', stamp: '127.9.9.9:12501 cdcd' },
+    ]);
     const clone = s.hh.cocoon.callsOf('vm clone').at(-1)!.argv;
     assert.equal(clone[clone.indexOf('--from-dir') + 1], '/staging/vk-p-0-1');
     assert.ok(clone.includes('--pull'), 'a --from-dir clone always pulls its base image');

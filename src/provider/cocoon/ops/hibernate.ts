@@ -146,6 +146,7 @@ async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: Hiberna
           tag: 'hibernate',
           baseImage: image,
           fromNode: ctx.config.nodeName,
+          peer: ctx.peer?.stamp,
           ...pushStamps(rec),
           signal,
           log,

@@ -35,6 +35,7 @@ export async function peerWake(
     const r = await ctx.peer.restore({
       vmName: spec.vmName,
       fromNode: node,
+      stamp: id.peerAddress && id.peerPin ? { address: id.peerAddress, pin: id.peerPin } : undefined,
       config: id.config,
       signal: ctx.lifetime,
       log,
