@@ -162,6 +162,8 @@ export interface ProviderContext extends ProviderDeps {
   startupDoneAt: number;
   /** VMs no pod holds, by VM name, for adoption by the next CreatePod with that name. */
   orphansByName: Map<string, VmRecord>;
+  /** VMs kept after their pod's taint eviction, by VM name (ops/evicted.ts). */
+  keptEvicted: Map<string, { vmId: string; at: number }>;
   probes: Map<string, ProbeAgent>;
   /** Automatic retries of transient create failures, by pod key. */
   retryTimers: Map<string, NodeJS.Timeout>;

@@ -1,10 +1,12 @@
 // The provider's background loops: the readiness reconcile scheduler (one queued reconcile
 // per pod, coalesced), the periodic lifecycle tick, the lease-file watch and the per-pod
 // probes. Each only enqueues work in the pod's queue.
+
 import { watch as watchFs } from 'node:fs';
 import { dirname } from 'node:path';
 import { isCurrent, logFor, type ProviderContext } from './context.ts';
 import { driveOps } from './ops/drive.ts';
+import { sweepKeptEvicted } from './ops/evicted.ts';
 import { checkVm } from './ops/vm-events.ts';
 import { ProbeAgent } from './probe-agent.ts';
 import { publish } from './publication/held.ts';
@@ -53,6 +55,10 @@ export class Loops {
     const ctx = this.#ctx;
     this.#tick = setInterval(() => {
       for (const key of ctx.pods.keys()) this.reconcileSoon(key);
+      if (ctx.keptEvicted.size > 0)
+        void sweepKeptEvicted(ctx).catch((err: unknown) =>
+          ctx.log.warn({ err: String(err) }, 'sweep of the VMs kept after taint evictions failed'),
+        );
     }, ctx.config.reconcileIntervalSeconds * 1000);
     this.#tick.unref();
     try {

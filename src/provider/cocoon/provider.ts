@@ -60,6 +60,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       retryCreate: (rec) => startBringUp(ctx, rec),
       startupDoneAt: monoNow(),
       orphansByName: new Map(),
+      keptEvicted: new Map(),
       probes: new Map(),
       retryTimers: new Map(),
       localSnapshots: new Set(),

@@ -24,6 +24,7 @@ import { logFor, type ProviderContext } from '../context.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
 import { markDeleted, type PodRecord, setDeleting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
+import { evictedByTaint, keepEvictedVm } from './evicted.ts';
 import { cancelRetry } from './failure.ts';
 import { reconcileOnce } from './stale.ts';
 
@@ -63,6 +64,12 @@ export async function deletePod(
     }
     forget(ctx, rec);
     ctx.metrics.podLifecycle('delete', 'skipped', rec.spec?.managed === false ? 'unmanaged' : 'no_vm');
+    return;
+  }
+  if (rec.spec?.managed && evictedByTaint(pod)) {
+    keepEvictedVm(ctx, rec, vm, log);
+    forget(ctx, rec);
+    ctx.metrics.podLifecycle('delete', 'skipped', 'evicted_kept');
     return;
   }
   setDeleting(rec, true);
