@@ -54,6 +54,8 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
   const nodeIp = o.nodeIp ?? '127.0.0.1';
   const kubeletPort = o.kubeletPort ?? (await freePort());
   const metricsPort = await freePort();
+  // A peer server of its own (the default :12501 is one port for every daemon of a run).
+  const peerPort = await freePort();
   const kubeconfig =
     o.identity === 'provider'
       ? o.cluster.providerKubeconfig
@@ -78,6 +80,9 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
       COCOON_SIM_LEASES: o.leasesPath,
       // The provenance ledger beside the simulator root: a restart of this host keeps it.
       VK_STATE_DIR: join(o.rootDir, 'vk-state'),
+      VK_PEER_ADDR: `${nodeIp}:${peerPort}`,
+      VK_STAGING_DIR: join(o.rootDir, 'vk-staging'),
+      VK_COCOON_SNAPSHOT_DIR: join(o.rootDir, 'snapshot', 'localfile'),
       VK_COCOON_NET_CONTROL_SOCKET: '',
       VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
       VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),

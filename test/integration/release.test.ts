@@ -186,6 +186,7 @@ test('started from outside the checkout against the ground, it brings the exampl
       VK_LEASES_PATH: w.leasesPath,
       COCOON_SIM_LEASES: w.leasesPath,
       VK_STATE_DIR: join(w.simRoot, 'vk-state'),
+      VK_PEER_ADDR: '',
       VK_COCOON_NET_CONTROL_SOCKET: '',
       VK_TLS_CERT: join(w.simRoot, 'no-such-cert.crt'),
       VK_TLS_KEY: join(w.simRoot, 'no-such-cert.key'),
