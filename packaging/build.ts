@@ -288,8 +288,12 @@ export function build(o: BuildOptions): string {
     const closure = dependencyClosure(lock, [...roots]);
     for (const path of closure) {
       const from = join(repo, path);
-      if (!existsSync(join(from, 'package.json')))
+      if (!existsSync(join(from, 'package.json'))) {
+        // An optional package npm skipped: a native build for another platform
+        // (@node-rs/crc32-<os>-<cpu>); the one for this machine is installed and copied.
+        if (lock[path]?.optional) continue;
         throw new Error(`${path} is not installed: run npm run setup`);
+      }
       // Nested node_modules are packages of their own in the closure (or not needed).
       cpSync(from, join(lib, path), {
         recursive: true,

@@ -340,6 +340,8 @@ describe("push to the ground's registry (real), checked with crane", () => {
       fromNode: 'cocoon-node-2',
       namespace: '', // pushSnapshot alone stamps none; the provider passes its pod's owner stamps
       controllerUid: '',
+      peerAddress: '', // the store stamps this host's peer server (peer restore)
+      peerPin: '',
     });
     // The validated config blob comes along (what a peer restore checks the peer against).
     assert.equal(config.snapshotId, saved.id);
