@@ -109,22 +109,28 @@ export class Bench {
 
   /**
    * With VK_BENCH_RELEASE=1 (or `--release`), builds the release artifact (scripts/release.sh,
-   * into the work directory), unpacks it there and warms its compile cache with one
-   * `--version` start (as a host's second start finds it), so that every daemon this bench
-   * starts is the release build: its stripped JavaScript on its own runtime, through its own
-   * launcher (packaging/launcher.sh) and flags. Without it, daemons run from the checkout.
+   * into the work directory; VK_BENCH_RELEASE=<artifact.tar.gz> takes one built before),
+   * unpacks it there and warms its compile cache with one `--version` start (as a host's
+   * second start finds it), so that every daemon this bench starts is the release build: its
+   * stripped JavaScript on its own runtime, through its own launcher (packaging/launcher.sh)
+   * and flags. Without it, daemons run from the checkout.
    */
   async prepareDaemon(): Promise<void> {
     if (!releaseWanted() || this.release) return;
     const run = promisify(execFile);
-    const dist = join(this.dir, 'dist');
-    this.log('building the release tree (scripts/release.sh)');
-    const { stdout } = await run('bash', [join(repoRoot, 'scripts', 'release.sh'), '--out', dist], {
-      // Gzip level 1: the tarball is only unpacked here (the tree is the same at any level).
-      env: { ...process.env, VK_RELEASE_GZIP_LEVEL: '1' },
-      maxBuffer: 16 << 20,
-    });
-    const artifact = stdout.trim().split('\n').at(-1) ?? '';
+    let artifact = process.env.VK_BENCH_RELEASE ?? '';
+    if (artifact.endsWith('.tar.gz')) {
+      this.log(`using the release artifact ${artifact}`);
+    } else {
+      const dist = join(this.dir, 'dist');
+      this.log('building the release tree (scripts/release.sh)');
+      const { stdout } = await run('bash', [join(repoRoot, 'scripts', 'release.sh'), '--out', dist], {
+        // Gzip level 1: the tarball is only unpacked here (the tree is the same at any level).
+        env: { ...process.env, VK_RELEASE_GZIP_LEVEL: '1' },
+        maxBuffer: 16 << 20,
+      });
+      artifact = stdout.trim().split('\n').at(-1) ?? '';
+    }
     const tree = join(this.dir, 'release');
     mkdirSync(tree, { recursive: true });
     await run('tar', ['-xzf', artifact, '-C', tree]);
@@ -232,9 +238,11 @@ export class Bench {
 }
 
 /** Whether the daemons are the release build: VK_BENCH_RELEASE=1, or `--release` among the
- * arguments (which the scripts' own argument parsing then skips). */
+ * arguments (which the scripts' own argument parsing then skips), or VK_BENCH_RELEASE=<an
+ * artifact of scripts/release.sh> (a `.tar.gz` built before, e.g. of another commit). */
 export function releaseWanted(): boolean {
-  return process.env.VK_BENCH_RELEASE === '1' || process.argv.includes('--release');
+  const v = process.env.VK_BENCH_RELEASE ?? '';
+  return v === '1' || v.endsWith('.tar.gz') || process.argv.includes('--release');
 }
 
 /** The script's arguments without `--release`. */
