@@ -3,7 +3,7 @@
 // ground/proc.ts installTeardown), one test ground with the apiserver's audit log, and
 // "daemon environments" (a simulator root + a vk-cocoon on its own node name + a namespace).
 import { execFile } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import os, { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -134,7 +134,8 @@ export class Bench {
     const tree = join(this.dir, 'release');
     mkdirSync(tree, { recursive: true });
     await run('tar', ['-xzf', artifact, '-C', tree]);
-    const top = join(tree, artifact.replace(/^.*\//, '').replace(/\.tar\.gz$/, ''));
+    // The artifact's one top directory (vk-cocoon-<version>-linux-<arch>/).
+    const top = join(tree, readdirSync(tree)[0] ?? '');
     const bin = join(top, 'bin', 'vk-cocoon');
     const cache = join(this.dir, 'release-compile-cache');
     const version = (
