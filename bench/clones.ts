@@ -12,7 +12,7 @@
 // through its PID registry (ground/proc.ts), the simulator's stand-ins included.
 import { DEFAULT_KUBE_BURST, DEFAULT_KUBE_QPS } from '../src/kube/client.ts';
 import { MAIN_KINDS, otherWrites } from './lib/audit.ts';
-import { type BringUpResult, bringUp } from './lib/bringup.ts';
+import { type BringUpResult, bringUp, bringUpLine } from './lib/bringup.ts';
 import { sumCounts } from './lib/calls.ts';
 import { Bench, benchArgs, machineLines } from './lib/harness.ts';
 import { fmtMiB, fmtN, fmtS, markdownTable, max, pct } from './lib/stats.ts';
@@ -50,6 +50,11 @@ function clones(): void {
       const { result, tracker } = await bringUp(bench, env, n);
       tracker.stop();
       results.push(result);
+      // The table comes at the end; a size's own figures are in the log as soon as it is done.
+      bench.log(
+        `[bench-${n}] ${bringUpLine(result)}; daemon peak RSS ${fmtMiB(result.peakRssKiB)}, ` +
+          `VmHWM ${fmtMiB(result.hwmKiB)}, CPU ${fmtN(result.cpuMs / n, 1)} ms per bring-up`,
+      );
       bench.log(`[bench-${n}] done; removing its pods, namespace and node`);
       await bench.dropEnv(env);
     }

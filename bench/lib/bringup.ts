@@ -173,10 +173,16 @@ export async function bringUp(
       bench.check();
       if (env.daemon.child.exitCode !== null || env.daemon.child.signalCode !== null)
         throw new Error(`vk-cocoon exited; see ${env.daemonOpts.logFile}`);
-      const failed = names.filter((nm) => tracker.pods.get(nm)?.lifecycle === 'failed');
+      // Failed bring-ups, and pods admission rejected (phase Failed, e.g. OutOfcpu).
+      const failed = names.filter((nm) => {
+        const v = tracker.pods.get(nm);
+        return v?.lifecycle === 'failed' || v?.phase === 'Failed';
+      });
       if (failed.length > 0) {
         const v = tracker.pods.get(failed[0] as string);
-        throw new Error(`${failed.length} pod(s) failed, e.g. ${failed[0]}: ${v?.message ?? ''}`);
+        throw new Error(
+          `${failed.length} pod(s) failed, e.g. ${failed[0]}: ${v?.message || v?.reason || ''}`,
+        );
       }
       if (ready(tracker, names) === n) break;
       if (Date.now() > until)
