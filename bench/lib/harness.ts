@@ -176,11 +176,11 @@ export class Bench {
       VK_LOG_LEVEL: process.env.VK_LOG_LEVEL ?? 'info',
       // The node's pod capacity: CreatePod admission rejects past it (OutOfpods), so every
       // size fits. cpu and memory likewise: admission counts every VM at its size (2 vCPUs and
-      // 1 GiB for the bench's snapshot) against what the node advertises less its reserve, and
+      // 2 GiB for the bench's snapshot) against what the node advertises less its reserve, and
       // ground/daemon.ts's default (1024 cpus, 2 TiB) held about 409 VMs (OutOfcpu past it).
       VK_NODE_PODS: String(Math.max(256, opts.pods)),
       VK_NODE_CPU: String(Math.max(1024, 4 * opts.pods)),
-      VK_NODE_MEM: `${Math.max(2048, 2 * opts.pods)}Gi`,
+      VK_NODE_MEM: `${Math.max(2048, 4 * opts.pods)}Gi`,
     };
     for (const k of PASS_THROUGH) if (process.env[k]) daemonEnv[k] = process.env[k] as string;
     if (this.release) daemonEnv.NODE_COMPILE_CACHE = this.release.cache;
