@@ -52,7 +52,8 @@ function clones(): void {
       results.push(result);
       // The table comes at the end; a size's own figures are in the log as soon as it is done.
       bench.log(
-        `[bench-${n}] ${bringUpLine(result)}; daemon peak RSS ${fmtMiB(result.peakRssKiB)}, ` +
+        `[bench-${n}] ${bringUpLine(result)}; daemon RSS idle ${fmtMiB(result.idleRssKiB)}, ` +
+          `peak ${fmtMiB(result.peakRssKiB)}, ` +
           `VmHWM ${fmtMiB(result.hwmKiB)}, CPU ${fmtN(result.cpuMs / n, 1)} ms per bring-up`,
       );
       bench.log(`[bench-${n}] done; removing its pods, namespace and node`);
@@ -110,6 +111,7 @@ function table(rs: BringUpResult[]): string {
     row('· failed (≥ 400)', (r) => per(r, r.writes.failed)),
     row('**cocoon calls per bring-up**', (r) => `**${per(r, sumCounts(r.calls))}**`),
     ...verbs.map((v) => row(`· ${v}`, (r) => per(r, r.calls[v] ?? 0))),
+    row('daemon RSS before the burst (started, node idle)', (r) => fmtMiB(r.idleRssKiB)),
     row('daemon peak RSS (100 ms samples) / VmHWM', (r) => `${fmtMiB(r.peakRssKiB)} / ${fmtMiB(r.hwmKiB)}`),
     row('**Go daemon peak RSS, published** (same bench)', (r) => {
       const go = GO_PEAK_RSS_MB[r.pods];

@@ -40,6 +40,8 @@ export interface BringUpResult {
   peakRssKiB: number;
   /** VmHWM at the end of the window (the process's peak since it started), KiB. */
   hwmKiB: number;
+  /** VmRSS just before the first create (the started daemon with its node idle), KiB. */
+  idleRssKiB: number;
   /** Pods of the burst whose lease was seen (lease → ready is over these). */
   leasesSeen: number;
   watchRestarts: number;
@@ -135,6 +137,7 @@ export async function bringUp(
   const leases = new LeaseWatcher(env.sim.leasesPath);
   const pid = env.daemon.pid;
   const rss = new RssSampler(pid);
+  const idleRssKiB = rss.lastKiB;
   const log = (s: string) => bench.log(`[${env.label}] ${s}`);
   const timeoutMs = opts.timeoutMs ?? (Number(process.env.VK_BENCH_TIMEOUT_S) || 600 + 2 * n) * 1000;
 
@@ -252,6 +255,7 @@ export async function bringUp(
       calls,
       peakRssKiB: Math.max(rss.maxKiB, 0),
       hwmKiB,
+      idleRssKiB,
       leasesSeen: leaseToReady.length,
       watchRestarts: tracker.restarts,
     },
