@@ -18,10 +18,11 @@
  * <local>`); spill files are removed in every outcome.
  */
 import { type FileHandle, mkdtemp, open, rm } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
-import tar, { type Header, type Pack } from 'tar-stream';
+import type { Header, Pack } from 'tar-stream';
 import { snapshotImportArgv, snapshotInspectArgv, snapshotRemoveArgv } from '../cocoon/argv.ts';
 import { parseSnapshotRecord, type SnapshotRecord } from '../cocoon/records.ts';
 import { type CocoonCli, CocoonCommandError } from '../cocoon/runner.ts';
@@ -42,6 +43,13 @@ import {
 import type { RegistryClient } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
+
+// tar-stream is required on the first pull or push, not imported: a node that never moves a
+// snapshot through a registry does not keep it (and streamx & co.) in memory
+// (docs/decisions.md "Daemon memory"). Synchronous: no new await on the transfer path.
+const require = createRequire(import.meta.url);
+let tarPackage: typeof import('tar-stream') | undefined;
+const tarStream = () => (tarPackage ??= require('tar-stream') as typeof import('tar-stream'));
 
 /** Default read-ahead budget (`SNAPSHOT_PULL_BUDGET_MIB`). */
 export const DEFAULT_PULL_BUDGET_MIB = 2048;
@@ -158,7 +166,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   const progress = new Progress(total);
   const timer = setInterval(() => progress.log(log), opts.progressIntervalMs ?? 5000);
   timer.unref();
-  const pack = tar.pack();
+  const pack = tarStream().pack();
   // cocoon's stdin: the tar as a Node stream. Its errors (the pack destroyed on failure) are
   // the producer's and are reported from there.
   const stdin = Readable.from(pack, { objectMode: false });

@@ -24,12 +24,12 @@
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import tar from 'tar-stream';
 import { snapshotExportArgv } from '../cocoon/argv.ts';
 import { formatJsonVerbError } from '../cocoon/errors.ts';
 import { type CocoonCli, killGroup } from '../cocoon/runner.ts';
@@ -57,6 +57,13 @@ import {
 import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError, type StreamedBlob } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
+
+// tar-stream is required on the first pull or push, not imported: a node that never moves a
+// snapshot through a registry does not keep it (and streamx & co.) in memory
+// (docs/decisions.md "Daemon memory"). Synchronous: no new await on the transfer path.
+const require = createRequire(import.meta.url);
+let tarPackage: typeof import('tar-stream') | undefined;
+const tarStream = () => (tarPackage ??= require('tar-stream') as typeof import('tar-stream'));
 
 /** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
 export const DEFAULT_PUSH_CONCURRENCY = 8;
@@ -391,7 +398,7 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
   };
   const stdout = child.stdout;
   if (!stdout) throw new Error('cocoon snapshot export: no stdout');
-  const extract = tar.extract();
+  const extract = tarStream().extract();
   const feeding = pipeline(stdout, extract, { signal: o.signal });
   feeding.catch(() => {}); // observed below
   let envelope: ExportEnvelope | undefined;

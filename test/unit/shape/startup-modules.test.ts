@@ -8,6 +8,7 @@
 // - prom-client's index (its default metrics require @opentelemetry/api, the Pushgateway
 //   node:http/https, the cluster aggregator node:cluster): src/metrics/prom.ts requires the
 //   four classes from their own files.
+// - ws and tar-stream: required on the first WebSocket exec and the first registry transfer.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
@@ -47,7 +48,7 @@ function startupModules(): { internal: string[]; files: string[] } {
   return JSON.parse(line) as { internal: string[]; files: string[] };
 }
 
-test('the daemon does not load undici, http2, the inspector or prom-client index at startup', () => {
+test('the daemon loads neither undici, http2, the inspector, prom-client index, ws nor tar-stream at startup', () => {
   const { internal, files } = startupModules();
   assert.ok(internal.length > 50 && files.length > 50, 'the hook saw the module graph');
   const unwanted = internal.filter((m) =>
@@ -55,7 +56,7 @@ test('the daemon does not load undici, http2, the inspector or prom-client index
   );
   assert.deepEqual(unwanted, []);
   const packages = files.filter((f) =>
-    /\/node_modules\/(@opentelemetry\/|prom-client\/index\.js|prom-client\/lib\/(pushgateway|cluster|defaultMetrics)\.js)/.test(
+    /\/node_modules\/(@opentelemetry\/|prom-client\/index\.js|prom-client\/lib\/(pushgateway|cluster|defaultMetrics)\.js|ws\/|tar-stream\/|streamx\/)/.test(
       f,
     ),
   );
