@@ -106,14 +106,16 @@ export function compactTrivia(js: string, ts: TsApi): string {
     at = t.end;
   }
   out += js.slice(at);
-  // The check: the same tokens, the same text, at the same lines and columns.
-  const after = tokens(out, ts);
+  // The check: the same tokens, the same text, at the same lines and columns (the end-of-file
+  // token, which has no text, moves back when a comment ended the file).
+  const textual = (list: Token[], text: string) => list.filter((t) => t.start < t.end || t.end < text.length);
+  const after = textual(tokens(out, ts), out);
   const where = (text: string, ts2: Token[]) =>
     lineCols(
       text,
       ts2.map((t) => t.start),
     ).map((lc, i) => `${lc} ${ts2[i]?.kind} ${text.slice(ts2[i]?.start, ts2[i]?.end)}`);
-  const a = where(js, before);
+  const a = where(js, textual(before, js));
   const b = where(out, after);
   const i = a.findIndex((x, k) => x !== b[k]);
   if (i >= 0 || a.length !== b.length)

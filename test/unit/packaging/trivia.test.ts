@@ -50,3 +50,7 @@ test('a string that keeps a wide character keeps it', () => {
   const src = "export const arrow = '→'; // →\n";
   assert.equal(compactTrivia(src, ts), "export const arrow = '→';\n");
 });
+
+test('a file that ends in a comment, without a line break', () => {
+  assert.equal(compactTrivia('export const a = 1; // the end', ts), 'export const a = 1;');
+});
