@@ -270,6 +270,8 @@ export function build(o: BuildOptions): string {
     // Sources: strip, rewrite specifiers, collect the packages they import.
     const ts = createRequire(import.meta.url)('typescript') as TsApi & { preProcessFile: PreProcess };
     const roots = new Set<string>();
+    /** Every package specifier the sources import or require (`prom-client/lib/registry`). */
+    const specifiers = new Set<string>();
     const sources = files.filter((f) => f.startsWith('src/'));
     let textBefore = 0;
     let textAfter = 0;
@@ -282,7 +284,10 @@ export function build(o: BuildOptions): string {
       const dest = join(lib, f.replace(/\.ts$/, '.js'));
       mkdirSync(dirname(dest), { recursive: true });
       writeFileSync(dest, compact);
-      for (const p of packages) roots.add(packageName(p));
+      for (const p of packages) {
+        roots.add(packageName(p));
+        specifiers.add(p);
+      }
     }
     say(
       `${sources.length} modules stripped (${textBefore} characters, ${textAfter} without comments); ` +
@@ -353,19 +358,29 @@ export function build(o: BuildOptions): string {
     cpSync(join(repo, 'docs'), join(top, 'docs'), { recursive: true });
 
     // Smoke test: the unpacked tree starts on its own runtime (no node on PATH, no checkout)
-    // and every module the daemon imports resolves (`--version` loads them all).
+    // and every module the daemon imports resolves (`--version` loads the static graph); the
+    // packages it requires on first use only (ws, tar-stream: docs/decisions.md "Daemon
+    // memory") are loaded from the staged tree too, so a missing one fails the build.
     const scratch = mkdtempSync(join(tmpdir(), 'vk-release-smoke-'));
     try {
-      const printed = run(join(top, 'bin', 'vk-cocoon'), ['--version'], {
-        cwd: scratch,
-        env: { PATH: '/usr/bin:/bin', HOME: scratch, NODE_COMPILE_CACHE: join(scratch, 'cache') },
-      }).trim();
+      const env = { PATH: '/usr/bin:/bin', HOME: scratch, NODE_COMPILE_CACHE: join(scratch, 'cache') };
+      const printed = run(join(top, 'bin', 'vk-cocoon'), ['--version'], { cwd: scratch, env }).trim();
       if (printed !== version)
         throw new Error(`--version printed ${JSON.stringify(printed)}, not ${version}`);
+      const requireAll =
+        'const r = require("node:module").createRequire(process.argv[1]); for (const s of process.argv.slice(2)) r(s);';
+      run(
+        join(top, 'runtime', 'node'),
+        ['-e', requireAll, join(lib, 'src', 'main.js'), ...[...specifiers].sort()],
+        {
+          cwd: scratch,
+          env,
+        },
+      );
     } finally {
       rmSync(scratch, { recursive: true, force: true });
     }
-    say(`smoke test: bin/vk-cocoon --version = ${version}`);
+    say(`smoke test: bin/vk-cocoon --version = ${version}; required ${[...specifiers].sort().join(', ')}`);
 
     // Pack: stable order and owners, the commit's time as every mtime.
     const tmp = `${artifact}.${process.pid}.tmp`;

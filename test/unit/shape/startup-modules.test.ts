@@ -9,6 +9,7 @@
 //   node:http/https, the cluster aggregator node:cluster): src/metrics/prom.ts requires the
 //   four classes from their own files.
 // - ws and tar-stream: required on the first WebSocket exec and the first registry transfer.
+// - pino (and thread-stream, sonic-boom, worker_threads): src/log.ts writes pino's lines itself.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
@@ -48,15 +49,15 @@ function startupModules(): { internal: string[]; files: string[] } {
   return JSON.parse(line) as { internal: string[]; files: string[] };
 }
 
-test('the daemon loads neither undici, http2, the inspector, prom-client index, ws nor tar-stream at startup', () => {
+test('the daemon loads neither undici, http2, the inspector, worker_threads, prom-client index, ws, tar-stream nor pino at startup', () => {
   const { internal, files } = startupModules();
   assert.ok(internal.length > 50 && files.length > 50, 'the hook saw the module graph');
   const unwanted = internal.filter((m) =>
-    /^NativeModule (internal\/deps\/undici\/undici|http2|internal\/http2\/|inspector)/.test(m),
+    /^NativeModule (internal\/deps\/undici\/undici|http2|internal\/http2\/|inspector|worker_threads)/.test(m),
   );
   assert.deepEqual(unwanted, []);
   const packages = files.filter((f) =>
-    /\/node_modules\/(@opentelemetry\/|prom-client\/index\.js|prom-client\/lib\/(pushgateway|cluster|defaultMetrics)\.js|ws\/|tar-stream\/|streamx\/)/.test(
+    /\/node_modules\/(@opentelemetry\/|prom-client\/index\.js|prom-client\/lib\/(pushgateway|cluster|defaultMetrics)\.js|ws\/|tar-stream\/|streamx\/|pino\/|thread-stream\/|sonic-boom\/)/.test(
       f,
     ),
   );
