@@ -18,7 +18,6 @@
  * <local>`); spill files are removed in every outcome.
  */
 import { type FileHandle, mkdtemp, open, rm } from 'node:fs/promises';
-import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -28,6 +27,7 @@ import { parseSnapshotRecord, type SnapshotRecord } from '../cocoon/records.ts';
 import { type CocoonCli, CocoonCommandError } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import { delay, untilAborted } from '../util/deadline.ts';
+import { tarStream } from '../util/lazy-packages.ts';
 import { Singleflight } from '../util/singleflight.ts';
 import { localSnapshotName, splitCloneImage } from '../vmspec/snapshot-name.ts';
 import {
@@ -43,13 +43,6 @@ import {
 import type { RegistryClient } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
-
-// tar-stream is required on the first pull or push, not imported: a node that never moves a
-// snapshot through a registry does not keep it (and streamx & co.) in memory
-// (docs/decisions.md "Daemon memory"). Synchronous: no new await on the transfer path.
-const require = createRequire(import.meta.url);
-let tarPackage: typeof import('tar-stream') | undefined;
-const tarStream = () => (tarPackage ??= require('tar-stream') as typeof import('tar-stream'));
 
 /** Default read-ahead budget (`SNAPSHOT_PULL_BUDGET_MIB`). */
 export const DEFAULT_PULL_BUDGET_MIB = 2048;

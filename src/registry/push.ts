@@ -24,7 +24,6 @@
 import { createHash } from 'node:crypto';
 import { createWriteStream } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
-import { createRequire } from 'node:module';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
@@ -34,6 +33,7 @@ import { snapshotExportArgv } from '../cocoon/argv.ts';
 import { formatJsonVerbError } from '../cocoon/errors.ts';
 import { type CocoonCli, killGroup } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
+import { tarStream } from '../util/lazy-packages.ts';
 import {
   layerMediaType,
   MAX_CONFIG_BYTES,
@@ -57,13 +57,6 @@ import {
 import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError, type StreamedBlob } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
-
-// tar-stream is required on the first pull or push, not imported: a node that never moves a
-// snapshot through a registry does not keep it (and streamx & co.) in memory
-// (docs/decisions.md "Daemon memory"). Synchronous: no new await on the transfer path.
-const require = createRequire(import.meta.url);
-let tarPackage: typeof import('tar-stream') | undefined;
-const tarStream = () => (tarPackage ??= require('tar-stream') as typeof import('tar-stream'));
 
 /** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
 export const DEFAULT_PUSH_CONCURRENCY = 8;

@@ -6,9 +6,9 @@
 // exec-protocol.ts; this module only does the I/O.
 
 import type { IncomingMessage } from 'node:http';
-import { createRequire } from 'node:module';
 import { type Duplex, Readable, Writable } from 'node:stream';
 import type { WebSocket } from 'ws';
+import { wsPackage } from '../../util/lazy-packages.ts';
 import {
   type ExecOutcome,
   errorStreamPayload,
@@ -29,16 +29,6 @@ import {
 } from './exec-protocol.ts';
 import { headerValue } from './spdy-frames.ts';
 import { type FlowControlMode, SpdySession, type SpdyStream } from './spdy-session.ts';
-
-// `ws` is required on the first WebSocket exec, not imported: a node that never serves one
-// does not keep it (and what it loads) in memory (docs/decisions.md "Daemon memory").
-// Synchronous, so the upgrade path has no new await.
-const require = createRequire(import.meta.url);
-let wsPackage: typeof import('ws') | undefined;
-function webSocketServer(): typeof import('ws').WebSocketServer {
-  wsPackage ??= require('ws') as typeof import('ws');
-  return wsPackage.WebSocketServer;
-}
 
 export type { ExecOutcome, TerminalSize } from './exec-protocol.ts';
 
@@ -436,7 +426,7 @@ function startWebSocketExec(
     return;
   }
   tuneSocket(socket);
-  const WebSocketServer = webSocketServer();
+  const { WebSocketServer } = wsPackage();
   const wss = new WebSocketServer({
     noServer: true,
     clientTracking: false,
