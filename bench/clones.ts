@@ -4,6 +4,7 @@
 //   npm run bench -- 200          # one size (several: `-- 50 200`)
 //   npm run bench -- restart      # bench/restart.ts (also `npm run bench:restart`)
 //   npm run bench -- steady       # bench/steady.ts (also `npm run bench:steady`)
+//   npm run bench -- --release 100 300 1000   # the release build (also VK_BENCH_RELEASE=1)
 // One control plane (with its audit log) serves every size; each size gets a fresh simulator
 // root, a fresh daemon on its own node name and a fresh namespace, so the daemon's CPU, peak
 // memory and writes belong to that size alone (docs/benchmarks.md).
@@ -11,12 +12,12 @@
 // through its PID registry (ground/proc.ts), the simulator's stand-ins included.
 import { DEFAULT_KUBE_BURST, DEFAULT_KUBE_QPS } from '../src/kube/client.ts';
 import { MAIN_KINDS, otherWrites } from './lib/audit.ts';
-import { type BringUpResult, bringUp } from './lib/bringup.ts';
+import { type BringUpResult, bringUp, bringUpLine } from './lib/bringup.ts';
 import { sumCounts } from './lib/calls.ts';
-import { Bench, machineLines } from './lib/harness.ts';
+import { Bench, benchArgs, machineLines } from './lib/harness.ts';
 import { fmtMiB, fmtN, fmtS, markdownTable, max, pct } from './lib/stats.ts';
 
-const sub = process.argv[2];
+const sub = benchArgs()[0];
 if (sub === 'restart' || sub === 'steady') {
   await import(sub === 'restart' ? './restart.ts' : './steady.ts');
 } else {
@@ -24,11 +25,13 @@ if (sub === 'restart' || sub === 'steady') {
 }
 
 function sizes(): number[] {
-  const args = process.argv.slice(2);
+  const args = benchArgs();
   const fromArgs = args.map(Number);
   if (args.length > 0) {
     if (fromArgs.some((n) => !Number.isInteger(n) || n <= 0))
-      throw new Error(`usage: npm run bench -- [pods...] | restart | steady (got ${args.join(' ')})`);
+      throw new Error(
+        `usage: npm run bench -- [--release] [pods...] | restart | steady (got ${args.join(' ')})`,
+      );
     return fromArgs;
   }
   if (process.env.VK_BENCH_PODS) return [Number(process.env.VK_BENCH_PODS)];
@@ -47,6 +50,12 @@ function clones(): void {
       const { result, tracker } = await bringUp(bench, env, n);
       tracker.stop();
       results.push(result);
+      // The table comes at the end; a size's own figures are in the log as soon as it is done.
+      bench.log(
+        `[bench-${n}] ${bringUpLine(result)}; daemon RSS idle ${fmtMiB(result.idleRssKiB)}, ` +
+          `peak ${fmtMiB(result.peakRssKiB)}, ` +
+          `VmHWM ${fmtMiB(result.hwmKiB)}, CPU ${fmtN(result.cpuMs / n, 1)} ms per bring-up`,
+      );
       bench.log(`[bench-${n}] done; removing its pods, namespace and node`);
       await bench.dropEnv(env);
     }
@@ -60,6 +69,13 @@ function clones(): void {
     console.log(table(results));
   });
 }
+
+/**
+ * The Go daemon's peak RSS (MB) in the same bench (clone pods at once, same simulator and
+ * apiserver, each daemon at its defaults), as published in the issue that set the memory goal
+ * (docs/benchmarks.md "Memory against the Go daemon"); the sizes it was measured at.
+ */
+export const GO_PEAK_RSS_MB: Readonly<Record<number, number>> = { 100: 76, 300: 91, 1000: 150 };
 
 function table(rs: BringUpResult[]): string {
   const ms = (v: number) => (Number.isFinite(v) ? `${Math.round(v)} ms` : '–');
@@ -95,7 +111,14 @@ function table(rs: BringUpResult[]): string {
     row('· failed (≥ 400)', (r) => per(r, r.writes.failed)),
     row('**cocoon calls per bring-up**', (r) => `**${per(r, sumCounts(r.calls))}**`),
     ...verbs.map((v) => row(`· ${v}`, (r) => per(r, r.calls[v] ?? 0))),
+    row('daemon RSS before the burst (started, node idle)', (r) => fmtMiB(r.idleRssKiB)),
     row('daemon peak RSS (100 ms samples) / VmHWM', (r) => `${fmtMiB(r.peakRssKiB)} / ${fmtMiB(r.hwmKiB)}`),
+    row('**Go daemon peak RSS, published** (same bench)', (r) => {
+      const go = GO_PEAK_RSS_MB[r.pods];
+      return go === undefined
+        ? '– (measured at 100, 300, 1000)'
+        : `**${go} MB** (ours ÷ Go ${fmtN(r.peakRssKiB / 1024 / go, 2)})`;
+    }),
     row('measured window (to writes quiet)', (r) => fmtS(r.windowMs)),
   ];
   return markdownTable(['per run', ...rs.map((r) => `${r.pods} pods`)], rows);

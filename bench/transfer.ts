@@ -16,9 +16,9 @@
 //   - the simulator alone: `snapshot export -o -` into /dev/null and `snapshot import` of the
 //     same tar from a file, what any push or pull through it costs at least.
 // MB/s is payload bytes (the layers and config as stored in the registry) over wall time.
-// Ours runs in a process of its own (bench/transfer-child.ts, with the daemon's V8 flag
-// --max-semi-space-size=2): its peak RSS is that process's VmHWM, shown with its RSS before the
-// transfer (Node.js and the modules); crane's is its VmHWM sampled from /proc every 20 ms. CPU:
+// Ours runs in a process of its own (bench/transfer-child.ts, with the daemon's V8 flags
+// --max-semi-space-size=2 --no-opt --no-maglev --optimize-for-size): its peak RSS is that
+// process's VmHWM, shown with its RSS before the transfer (Node.js and the modules); crane's is its VmHWM sampled from /proc every 20 ms. CPU:
 // the transfer process's own, then what the registry and the simulator (its server, where
 // export and import run, and the `cocoon` client processes) spent during the phase.
 // VK_BENCH_CHILD_FLAGS adds Node flags to the transfer process (e.g. --cpu-prof); with
@@ -83,9 +83,12 @@ interface ChildResult {
 function runTransfer(job: Record<string, unknown>, env: Record<string, string>): Promise<ChildResult> {
   return new Promise((resolve, reject) => {
     // Node flags for the transfer process alone, e.g. VK_BENCH_CHILD_FLAGS="--cpu-prof --cpu-prof-dir=/tmp/prof".
-    // The daemon's own V8 flag (bin/vk-cocoon), so memory and GC are the daemon's.
+    // The daemon's own V8 flags (bin/vk-cocoon), so memory, GC and JIT are the daemon's.
     const flags = [
       '--max-semi-space-size=2',
+      '--no-opt',
+      '--no-maglev',
+      '--optimize-for-size',
       ...(process.env.VK_BENCH_CHILD_FLAGS ?? '').split(' ').filter((f) => f !== ''),
     ];
     const child = spawn(

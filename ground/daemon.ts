@@ -36,6 +36,9 @@ export interface DaemonOptions {
    * with deploy/rbac-provider-identity.yaml (for apiservers without the Node authorizer).
    */
   identity?: 'node' | 'provider';
+  /** The launcher to run (default the checkout's `bin/vk-cocoon`; the bench passes an unpacked
+   * release tree's `bin/vk-cocoon` to measure the release build). */
+  bin?: string;
 }
 
 export interface Daemon {
@@ -62,7 +65,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
       : await nodeKubeconfig(o.cluster, o.nodeName, dirname(o.logFile));
   const fd = openSync(o.logFile, 'a');
   // Started the way a host starts it (bin/vk-cocoon execs node, so the PID is the daemon's).
-  const child = spawn(join(repoRoot, 'bin', 'vk-cocoon'), ['run'], {
+  const child = spawn(o.bin ?? join(repoRoot, 'bin', 'vk-cocoon'), ['run'], {
     stdio: ['ignore', fd, fd],
     detached: o.detached ?? false,
     env: {

@@ -5,8 +5,9 @@
 //     lib/package.json             name, version, "type": "module"
 //     lib/release.json             the commit (and whether the tree was dirty), baked in: src/version.ts
 //     lib/src/**/*.js              src/**/*.ts with the types stripped (module.stripTypeScriptTypes),
-//                                  relative `.ts` specifiers rewritten to `.js`; line and column of
-//                                  every statement unchanged, so stack traces name source positions
+//                                  relative `.ts` specifiers rewritten to `.js`, comments dropped
+//                                  (packaging/trivia.ts); line and column of every token unchanged,
+//                                  so stack traces name source positions
 //     lib/node_modules/            the packages the daemon imports at run time and their dependencies
 //     systemd/vk-cocoon.service, vk-cocoon.env.example (generated), examples/, deploy/rbac*.yaml, docs/
 // docs/decisions.md "Release artifact" says why a tarball and why stripped at build time.
@@ -38,6 +39,7 @@ import { dirname, join, posix, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type ReleaseInfo, versionString } from '../src/version.ts';
 import { envExample } from './env-example.ts';
+import { compactTrivia, type TsApi } from './trivia.ts';
 
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), '..');
 const t0 = Date.now();
@@ -266,17 +268,31 @@ export function build(o: BuildOptions): string {
     const lib = join(top, 'lib');
 
     // Sources: strip, rewrite specifiers, collect the packages they import.
-    const { preProcessFile } = createRequire(import.meta.url)('typescript') as { preProcessFile: PreProcess };
+    const ts = createRequire(import.meta.url)('typescript') as TsApi & { preProcessFile: PreProcess };
     const roots = new Set<string>();
+    /** Every package specifier the sources import or require (`prom-client/lib/registry`). */
+    const specifiers = new Set<string>();
     const sources = files.filter((f) => f.startsWith('src/'));
+    let textBefore = 0;
+    let textAfter = 0;
     for (const f of sources) {
-      const { js, packages } = stripModule(readFileSync(join(repo, f), 'utf8'), preProcessFile);
+      const { js, packages } = stripModule(readFileSync(join(repo, f), 'utf8'), ts.preProcessFile);
+      // Without comments: the daemon keeps every module's text in memory (packaging/trivia.ts).
+      const compact = compactTrivia(js, ts);
+      textBefore += js.length;
+      textAfter += compact.length;
       const dest = join(lib, f.replace(/\.ts$/, '.js'));
       mkdirSync(dirname(dest), { recursive: true });
-      writeFileSync(dest, js);
-      for (const p of packages) roots.add(packageName(p));
+      writeFileSync(dest, compact);
+      for (const p of packages) {
+        roots.add(packageName(p));
+        specifiers.add(p);
+      }
     }
-    say(`${sources.length} modules stripped; imported packages: ${[...roots].sort().join(', ')}`);
+    say(
+      `${sources.length} modules stripped (${textBefore} characters, ${textAfter} without comments); ` +
+        `imported packages: ${[...roots].sort().join(', ')}`,
+    );
 
     // Run-time dependencies, copied from the checkout's node_modules (installed by `npm ci`
     // from the same lock file): no registry access, no npm at build time either.
@@ -346,19 +362,29 @@ export function build(o: BuildOptions): string {
     cpSync(join(repo, 'docs'), join(top, 'docs'), { recursive: true });
 
     // Smoke test: the unpacked tree starts on its own runtime (no node on PATH, no checkout)
-    // and every module the daemon imports resolves (`--version` loads them all).
+    // and every module the daemon imports resolves (`--version` loads the static graph); the
+    // packages it requires on first use only (ws, tar-stream: docs/decisions.md "Daemon
+    // memory") are loaded from the staged tree too, so a missing one fails the build.
     const scratch = mkdtempSync(join(tmpdir(), 'vk-release-smoke-'));
     try {
-      const printed = run(join(top, 'bin', 'vk-cocoon'), ['--version'], {
-        cwd: scratch,
-        env: { PATH: '/usr/bin:/bin', HOME: scratch, NODE_COMPILE_CACHE: join(scratch, 'cache') },
-      }).trim();
+      const env = { PATH: '/usr/bin:/bin', HOME: scratch, NODE_COMPILE_CACHE: join(scratch, 'cache') };
+      const printed = run(join(top, 'bin', 'vk-cocoon'), ['--version'], { cwd: scratch, env }).trim();
       if (printed !== version)
         throw new Error(`--version printed ${JSON.stringify(printed)}, not ${version}`);
+      const requireAll =
+        'const r = require("node:module").createRequire(process.argv[1]); for (const s of process.argv.slice(2)) r(s);';
+      run(
+        join(top, 'runtime', 'node'),
+        ['-e', requireAll, join(lib, 'src', 'main.js'), ...[...specifiers].sort()],
+        {
+          cwd: scratch,
+          env,
+        },
+      );
     } finally {
       rmSync(scratch, { recursive: true, force: true });
     }
-    say(`smoke test: bin/vk-cocoon --version = ${version}`);
+    say(`smoke test: bin/vk-cocoon --version = ${version}; required ${[...specifiers].sort().join(', ')}`);
 
     // Pack: stable order and owners, the commit's time as every mtime.
     const tmp = `${artifact}.${process.pid}.tmp`;

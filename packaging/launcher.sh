@@ -7,11 +7,12 @@
 # The sources were stripped of their TypeScript types at build time (lib/src/*.js), so no
 # type stripper is loaded and no cache warm-up is needed (docs/decisions.md "Release
 # artifact"). NODE_COMPILE_CACHE keeps V8's code cache between starts: by default the unit's
-# CacheDirectory (systemd sets CACHE_DIRECTORY), else ~/.cache/vk-cocoon. The 2 MB
-# young-generation semi-space is the checkout's (docs/decisions.md "Daemon memory").
+# CacheDirectory (systemd sets CACHE_DIRECTORY), else ~/.cache/vk-cocoon. The V8 flags are
+# the checkout's (bin/vk-cocoon says why): a 2 MB young-generation semi-space, no optimizing
+# JIT, and the old generation collected sooner (docs/decisions.md "Daemon memory").
 here="$(dirname "$(readlink -f "$0")")/.."
 if [ -z "${NODE_COMPILE_CACHE:-}" ]; then
   NODE_COMPILE_CACHE="${CACHE_DIRECTORY:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/vk-cocoon}/node-compile-cache"
 fi
 export NODE_COMPILE_CACHE
-exec "$here/runtime/node" --max-semi-space-size=2 "$here/lib/src/main.js" "$@"
+exec "$here/runtime/node" --max-semi-space-size=2 --no-opt --no-maglev --optimize-for-size "$here/lib/src/main.js" "$@"

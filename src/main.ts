@@ -5,7 +5,6 @@
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Counter, Gauge } from 'prom-client';
 import { Ledger } from './authority/ledger.ts';
 import { runExplain, withExplainUsage } from './cli/explain/command.ts';
 import { CocoonCli } from './cocoon/runner.ts';
@@ -18,6 +17,7 @@ import { kubeletMetrics } from './kubelet/metrics.ts';
 import { KubeletServer } from './kubelet/server.ts';
 import { loadOrCreateServingCert } from './kubelet/tls.ts';
 import { createLogger } from './log.ts';
+import { Counter, Gauge } from './metrics/prom.ts';
 import { createMetrics } from './metrics/registry.ts';
 import { startMetricsServer } from './metrics/server.ts';
 import { LeaseFile } from './net/leases.ts';

@@ -40,6 +40,8 @@ export interface BringUpResult {
   peakRssKiB: number;
   /** VmHWM at the end of the window (the process's peak since it started), KiB. */
   hwmKiB: number;
+  /** VmRSS just before the first create (the started daemon with its node idle), KiB. */
+  idleRssKiB: number;
   /** Pods of the burst whose lease was seen (lease → ready is over these). */
   leasesSeen: number;
   watchRestarts: number;
@@ -135,6 +137,7 @@ export async function bringUp(
   const leases = new LeaseWatcher(env.sim.leasesPath);
   const pid = env.daemon.pid;
   const rss = new RssSampler(pid);
+  const idleRssKiB = rss.lastKiB;
   const log = (s: string) => bench.log(`[${env.label}] ${s}`);
   const timeoutMs = opts.timeoutMs ?? (Number(process.env.VK_BENCH_TIMEOUT_S) || 600 + 2 * n) * 1000;
 
@@ -173,10 +176,16 @@ export async function bringUp(
       bench.check();
       if (env.daemon.child.exitCode !== null || env.daemon.child.signalCode !== null)
         throw new Error(`vk-cocoon exited; see ${env.daemonOpts.logFile}`);
-      const failed = names.filter((nm) => tracker.pods.get(nm)?.lifecycle === 'failed');
+      // Failed bring-ups, and pods admission rejected (phase Failed, e.g. OutOfcpu).
+      const failed = names.filter((nm) => {
+        const v = tracker.pods.get(nm);
+        return v?.lifecycle === 'failed' || v?.phase === 'Failed';
+      });
       if (failed.length > 0) {
         const v = tracker.pods.get(failed[0] as string);
-        throw new Error(`${failed.length} pod(s) failed, e.g. ${failed[0]}: ${v?.message ?? ''}`);
+        throw new Error(
+          `${failed.length} pod(s) failed, e.g. ${failed[0]}: ${v?.message || v?.reason || ''}`,
+        );
       }
       if (ready(tracker, names) === n) break;
       if (Date.now() > until)
@@ -246,6 +255,7 @@ export async function bringUp(
       calls,
       peakRssKiB: Math.max(rss.maxKiB, 0),
       hwmKiB,
+      idleRssKiB,
       leasesSeen: leaseToReady.length,
       watchRestarts: tracker.restarts,
     },

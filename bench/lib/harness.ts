@@ -2,11 +2,14 @@
 // stops everything the bench started however it ends (done, an error, SIGINT/SIGTERM, a crash:
 // ground/proc.ts installTeardown), one test ground with the apiserver's audit log, and
 // "daemon environments" (a simulator root + a vk-cocoon on its own node name + a namespace).
-import { mkdtempSync, rmSync } from 'node:fs';
+import { execFile } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import os, { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { promisify } from 'node:util';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
+import { repoRoot } from '../../ground/cluster.ts';
 import { type Daemon, type DaemonOptions, startDaemon } from '../../ground/daemon.ts';
 import { type Ground, startGround, stopGround } from '../../ground/ground.ts';
 import { adminClients, newNamespace } from '../../ground/kube.ts';
@@ -48,6 +51,9 @@ export class Bench {
   /** Simulator roots to clean and daemons to stop at teardown (the env once its daemon runs). */
   readonly #live = new Set<{ sim: SimRoot; env?: DaemonEnv }>();
   readonly #end: ReturnType<typeof installTeardown>;
+  /** The release tree's launcher and version once built (VK_BENCH_RELEASE=1), else undefined:
+   * the checkout's bin/vk-cocoon. */
+  release: { bin: string; version: string; cache: string } | undefined;
   /** 1-minute load average when the bench started (the machine may be shared). */
   readonly loadAtStart = os.loadavg()[0] ?? 0;
 
@@ -101,10 +107,59 @@ export class Bench {
     return g;
   }
 
+  /**
+   * With VK_BENCH_RELEASE=1 (or `--release`), builds the release artifact (scripts/release.sh,
+   * into the work directory; VK_BENCH_RELEASE=<artifact.tar.gz> takes one built before),
+   * unpacks it there and warms its compile cache with one `--version` start (as a host's
+   * second start finds it), so that every daemon this bench starts is the release build: its
+   * stripped JavaScript on its own runtime, through its own launcher (packaging/launcher.sh)
+   * and flags. Without it, daemons run from the checkout.
+   */
+  async prepareDaemon(): Promise<void> {
+    if (!releaseWanted() || this.release) return;
+    const run = promisify(execFile);
+    let artifact = process.env.VK_BENCH_RELEASE ?? '';
+    if (artifact.endsWith('.tar.gz')) {
+      this.log(`using the release artifact ${artifact}`);
+    } else {
+      const dist = join(this.dir, 'dist');
+      this.log('building the release tree (scripts/release.sh)');
+      const { stdout } = await run('bash', [join(repoRoot, 'scripts', 'release.sh'), '--out', dist], {
+        // Gzip level 1: the tarball is only unpacked here (the tree is the same at any level).
+        env: { ...process.env, VK_RELEASE_GZIP_LEVEL: '1' },
+        maxBuffer: 16 << 20,
+      });
+      artifact = stdout.trim().split('\n').at(-1) ?? '';
+    }
+    const tree = join(this.dir, 'release');
+    mkdirSync(tree, { recursive: true });
+    await run('tar', ['-xzf', artifact, '-C', tree]);
+    // The artifact's one top directory (vk-cocoon-<version>-linux-<arch>/).
+    const top = join(tree, readdirSync(tree)[0] ?? '');
+    const bin = join(top, 'bin', 'vk-cocoon');
+    const cache = join(this.dir, 'release-compile-cache');
+    const version = (
+      await run(bin, ['--version'], {
+        env: { PATH: '/usr/bin:/bin', HOME: this.dir, NODE_COMPILE_CACHE: cache },
+      })
+    ).stdout.trim();
+    this.release = { bin, version, cache };
+    this.log(`daemons run the release build ${version} (${top})`);
+    this.check();
+  }
+
+  /** Which daemon build runs: printed above the results. */
+  daemonLine(): string {
+    return this.release
+      ? `daemon: the release build ${this.release.version} (scripts/release.sh, bin/vk-cocoon of the unpacked tree)`
+      : 'daemon: the checkout (bin/vk-cocoon on src/*.ts; VK_BENCH_RELEASE=1 or --release runs the release build)';
+  }
+
   /** A fresh simulator root, namespace and daemon (node `label`) with a clonable snapshot. */
   async newEnv(label: string, opts: { pods: number }): Promise<DaemonEnv> {
     const g = this.ground;
     if (!g) throw new Error('startGround first');
+    await this.prepareDaemon();
     const sim = await newSimRoot({ parent: this.dir });
     const live: { sim: SimRoot; env?: DaemonEnv } = { sim };
     this.#live.add(live);
@@ -120,10 +175,15 @@ export class Bench {
       ...sim.env(),
       VK_LOG_LEVEL: process.env.VK_LOG_LEVEL ?? 'info',
       // The node's pod capacity: CreatePod admission rejects past it (OutOfpods), so every
-      // size fits. cpu and memory: ground/daemon.ts advertises room for the simulator's VMs.
+      // size fits. cpu and memory likewise: admission counts every VM at its size (2 vCPUs and
+      // 2 GiB for the bench's snapshot) against what the node advertises less its reserve, and
+      // ground/daemon.ts's default (1024 cpus, 2 TiB) held about 409 VMs (OutOfcpu past it).
       VK_NODE_PODS: String(Math.max(256, opts.pods)),
+      VK_NODE_CPU: String(Math.max(1024, 4 * opts.pods)),
+      VK_NODE_MEM: `${Math.max(2048, 4 * opts.pods)}Gi`,
     };
     for (const k of PASS_THROUGH) if (process.env[k]) daemonEnv[k] = process.env[k] as string;
+    if (this.release) daemonEnv.NODE_COMPILE_CACHE = this.release.cache;
     // Node flags for the daemon alone, e.g. VK_BENCH_DAEMON_NODE_OPTIONS="--cpu-prof --cpu-prof-dir=/tmp/prof".
     if (process.env.VK_BENCH_DAEMON_NODE_OPTIONS)
       daemonEnv.NODE_OPTIONS = process.env.VK_BENCH_DAEMON_NODE_OPTIONS;
@@ -141,6 +201,7 @@ export class Bench {
       leasesPath: sim.leasesPath,
       logFile: join(this.dir, `vk-cocoon-${label}.log`),
       env: daemonEnv,
+      ...(this.release ? { bin: this.release.bin } : {}),
     };
     const daemon = await startDaemon(daemonOpts);
     const env: DaemonEnv = { label, nodeName: label, ns, sim, daemon, daemonOpts, core, kc, image };
@@ -181,6 +242,19 @@ export class Bench {
   }
 }
 
+/** Whether the daemons are the release build: VK_BENCH_RELEASE=1, or `--release` among the
+ * arguments (which the scripts' own argument parsing then skips), or VK_BENCH_RELEASE=<an
+ * artifact of scripts/release.sh> (a `.tar.gz` built before, e.g. of another commit). */
+export function releaseWanted(): boolean {
+  const v = process.env.VK_BENCH_RELEASE ?? '';
+  return v === '1' || v.endsWith('.tar.gz') || process.argv.includes('--release');
+}
+
+/** The script's arguments without `--release`. */
+export function benchArgs(): string[] {
+  return process.argv.slice(2).filter((a) => a !== '--release');
+}
+
 /** The machine, printed above every result. */
 export function machineLines(g?: Ground, bench?: Bench): string[] {
   const cpus = os.cpus();
@@ -190,6 +264,7 @@ export function machineLines(g?: Ground, bench?: Bench): string[] {
       `${(os.totalmem() / 2 ** 30).toFixed(1)} GiB RAM, ${os.type()} ${os.release()}`,
     `node ${process.version} (daemon and simulator)` + (g ? `, kube-apiserver ${g.cluster.version}` : ''),
     `load average (1 min): ${bench ? `${bench.loadAtStart.toFixed(1)} at the start, ` : ''}${load} at the end`,
+    ...(bench ? [bench.daemonLine()] : []),
   ];
 }
 

@@ -17,6 +17,9 @@ export interface PodView {
   firstSeenAt?: number;
   lifecycle: string;
   message: string;
+  /** status.phase and status.reason (`Failed`, `OutOfcpu`: rejected by admission). */
+  phase: string;
+  reason: string;
   podReady: boolean;
   vmId: string;
   resourceVersion: string;
@@ -58,6 +61,8 @@ export class PodTracker {
         name,
         lifecycle: '',
         message: '',
+        phase: '',
+        reason: '',
         podReady: false,
         vmId: '',
         resourceVersion: '',
@@ -85,6 +90,8 @@ export class PodTracker {
     v.lifecycle = ann[LIFECYCLE] ?? '';
     v.message = ann[LIFECYCLE_MESSAGE] ?? '';
     v.vmId = ann[VM_ID] ?? '';
+    v.phase = p.status?.phase ?? '';
+    v.reason = p.status?.reason ?? '';
     v.podReady = p.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false;
     if (v.lifecycle === 'ready') v.readyAt ??= now;
     if (v.podReady) v.podReadyAt ??= now;

@@ -12,17 +12,18 @@
 // about twenty calls of it. Types still come from client-node, as `import type` only (erased
 // at runtime); no runtime import of it is allowed under src/ (test/unit/shape/no-client-node).
 // Responses are the apiserver's JSON as parsed: timestamps are strings, never Date.
-import {
-  type ClientRequest,
-  Agent as HttpAgent,
-  request as httpRequest,
-  type IncomingMessage,
-  STATUS_CODES,
-} from 'node:http';
+import type { ClientRequest, Agent as HttpAgentType, IncomingMessage } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
 import { createSecureContext } from 'node:tls';
 import { DeadlineError } from '../util/deadline.ts';
 import type { ClusterAccess } from './kubeconfig.ts';
+
+// node:http is taken with process.getBuiltinModule, not an ES import: an ES import of a built-in
+// builds its namespace from every export, and node:http's lazy getters (WebSocket, CloseEvent,
+// MessageEvent of Node's bundled undici) then load undici and http2, ~75 modules, for the
+// daemon's whole life (docs/decisions.md "Daemon memory"). No module of the daemon imports
+// node:http as a value (test/unit/shape checks it); its types come from erased imports.
+const { Agent: HttpAgent, request: httpRequest, STATUS_CODES } = process.getBuiltinModule('node:http');
 
 /** Bound of one API request (not a watch stream) unless its caller's signal fires first. */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 60_000;
@@ -114,8 +115,8 @@ export class RestClient {
   readonly access: ClusterAccess;
   readonly #base: URL;
   readonly #https: boolean;
-  readonly #agent: HttpAgent;
-  readonly #watchAgent: HttpAgent;
+  readonly #agent: HttpAgentType;
+  readonly #watchAgent: HttpAgentType;
   readonly #timeoutMs: number;
   readonly #userAgent: string;
 

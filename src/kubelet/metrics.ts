@@ -2,7 +2,7 @@
 // what the failed-authentication bounds and the connection cap did, so an operator sees a
 // token flood or a connection flood without reading logs. Registered on the daemon's
 // registry by src/main.ts, like the other families that live beside their feeder.
-import { Counter, type Registry } from 'prom-client';
+import { Counter, type Registry } from '../metrics/prom.ts';
 import type { TokenReviewResult } from './auth.ts';
 
 export interface KubeletMetrics {

@@ -6,9 +6,10 @@
 // filled at scrape time by a collect hook (see src/stats/collect.ts) from the shared stats
 // sample; every one of those families triggers the same in-flight hook, so one scrape runs it
 // once.
-import { Counter, Gauge, Histogram, Registry } from 'prom-client';
+
 import type { PostCloneKind } from '../contract/vm.ts';
 import type { Logger } from '../log.ts';
+import { Counter, Gauge, Histogram, Registry } from './prom.ts';
 
 /** Prometheus text exposition content type (`text/plain; version=0.0.4; charset=utf-8`). */
 export const PROMETHEUS_CONTENT_TYPE = Registry.PROMETHEUS_CONTENT_TYPE;

@@ -3,14 +3,16 @@
 // what /debug/pprof is to a Go daemon (docs/operations.md "Profiling in place"): a CPU profile
 // of N seconds (`/debug/pprof/profile?seconds=N`, a .cpuprofile for Chrome DevTools) and a
 // heap snapshot (`/debug/pprof/heap`, a .heapsnapshot), one at a time (409 while busy).
-import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
-import { Session } from 'node:inspector/promises';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { getHeapSnapshot } from 'node:v8';
 import type { Logger } from '../log.ts';
 import { isLoopbackHost } from '../util/loopback.ts';
+
+// node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
+const { createServer } = process.getBuiltinModule('node:http');
 
 export interface ListenAddress {
   /** `undefined`: every interface (the `:port` form). */
@@ -219,6 +221,9 @@ class DebugEndpoints {
       if (!res.writableFinished) gone.abort();
     };
     req.socket.once('close', onClose);
+    // Loaded on the first profile only: node:inspector/promises is ~30 modules a daemon without
+    // VK_DEBUG_ENDPOINTS, or that is never profiled, does not need.
+    const { Session } = await import('node:inspector/promises');
     const session = new Session();
     session.connect();
     try {

@@ -2,7 +2,8 @@
 // docs/contracts/cocoon-cli.md "Lease release"): `DELETE /v1/leases/<mac>` over HTTP/1.1 on a Unix socket. 204 means
 // released or nothing to release. Best effort with a 5 s timeout that no caller can cancel;
 // failures are logged and counted, lease expiry is the fallback.
-import { request } from 'node:http';
+// node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
+const { request } = process.getBuiltinModule('node:http');
 
 export type ReleaseResult = 'released' | 'disabled' | 'failed';
 

@@ -24,7 +24,8 @@
  */
 import { createHash, type Hash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import http, { type IncomingMessage } from 'node:http';
+import type * as Http from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import type { Logger } from '../log.ts';
@@ -61,6 +62,9 @@ import {
   registryOrigin,
   repositoryName,
 } from './reference.ts';
+
+// node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
+const http = process.getBuiltinModule('node:http');
 
 /**
  * What went wrong: `http` (an unexpected status), `network` (connection refused, reset,
@@ -310,7 +314,7 @@ export class RegistryClient {
   readonly #credentials: readonly CredentialSource[];
   readonly #log: Logger;
   readonly #idleTimeoutMs: number;
-  readonly #httpAgent: http.Agent;
+  readonly #httpAgent: Http.Agent;
   readonly #httpsAgent: https.Agent;
   /** The registry's last challenge; drives pre-emptive auth on later requests. */
   #challenge: Challenge | undefined;
@@ -1052,7 +1056,7 @@ export class RegistryClient {
       }
       const isHttps = url.protocol === 'https:';
       const length = body !== undefined ? body.length : method === 'GET' || method === 'HEAD' ? undefined : 0;
-      const options: http.RequestOptions = {
+      const options: Http.RequestOptions = {
         method,
         headers: length === undefined ? headers : { ...headers, 'content-length': String(length) },
         agent: isHttps ? this.#httpsAgent : this.#httpAgent,

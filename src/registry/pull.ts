@@ -21,12 +21,13 @@ import { type FileHandle, mkdtemp, open, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
-import tar, { type Header, type Pack } from 'tar-stream';
+import type { Header, Pack } from 'tar-stream';
 import { snapshotImportArgv, snapshotInspectArgv, snapshotRemoveArgv } from '../cocoon/argv.ts';
 import { parseSnapshotRecord, type SnapshotRecord } from '../cocoon/records.ts';
 import { type CocoonCli, CocoonCommandError } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
 import { delay, untilAborted } from '../util/deadline.ts';
+import { tarStream } from '../util/lazy-packages.ts';
 import { Singleflight } from '../util/singleflight.ts';
 import { localSnapshotName, splitCloneImage } from '../vmspec/snapshot-name.ts';
 import {
@@ -158,7 +159,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   const progress = new Progress(total);
   const timer = setInterval(() => progress.log(log), opts.progressIntervalMs ?? 5000);
   timer.unref();
-  const pack = tar.pack();
+  const pack = tarStream().pack();
   // cocoon's stdin: the tar as a Node stream. Its errors (the pack destroyed on failure) are
   // the producer's and are reported from there.
   const stdin = Readable.from(pack, { objectMode: false });

@@ -29,11 +29,11 @@ import { join } from 'node:path';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import tar from 'tar-stream';
 import { snapshotExportArgv } from '../cocoon/argv.ts';
 import { formatJsonVerbError } from '../cocoon/errors.ts';
 import { type CocoonCli, killGroup } from '../cocoon/runner.ts';
 import { type Logger, silentLogger } from '../log.ts';
+import { tarStream } from '../util/lazy-packages.ts';
 import {
   layerMediaType,
   MAX_CONFIG_BYTES,
@@ -401,7 +401,7 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
   };
   const stdout = child.stdout;
   if (!stdout) throw new Error('cocoon snapshot export: no stdout');
-  const extract = tar.extract();
+  const extract = tarStream().extract();
   const feeding = pipeline(stdout, extract, { signal: o.signal });
   feeding.catch(() => {}); // observed below
   let envelope: ExportEnvelope | undefined;

@@ -7,7 +7,8 @@
 
 import type { IncomingMessage } from 'node:http';
 import { type Duplex, Readable, Writable } from 'node:stream';
-import { type WebSocket, WebSocketServer } from 'ws';
+import type { WebSocket } from 'ws';
+import { wsPackage } from '../../util/lazy-packages.ts';
 import {
   type ExecOutcome,
   errorStreamPayload,
@@ -425,6 +426,7 @@ function startWebSocketExec(
     return;
   }
   tuneSocket(socket);
+  const { WebSocketServer } = wsPackage();
   const wss = new WebSocketServer({
     noServer: true,
     clientTracking: false,

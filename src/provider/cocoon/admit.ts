@@ -56,7 +56,9 @@ export function factsOf(ctx: ProviderContext, rec: PodRecord): PodFacts {
 export function decide(ctx: ProviderContext, pod: V1Pod): Admission {
   const decoded = decodeSpec(pod);
   const request = estimateOf(ctx, decoded.ok ? decoded.spec : undefined);
-  const used = usage([...ctx.pods.values()].map((r) => factsOf(ctx, r)));
+  const facts: PodFacts[] = [];
+  for (const r of ctx.pods.values()) facts.push(factsOf(ctx, r));
+  const used = usage(facts);
   const alloc = ctx.allocatable ?? {
     pods: ctx.config.nodePods,
     cpuMilli: undefined,

@@ -1,0 +1,23 @@
+// Packages the daemon needs only on rare paths, required on their first use instead of imported
+// at startup: every module loaded stays in the daemon's memory for its whole life, and a node
+// that never serves a WebSocket exec or moves a snapshot through a registry has no use for ws
+// or tar-stream (and streamx & co.) (docs/decisions.md "Daemon memory"). Synchronous, so the
+// paths that need them gain no await. The release build finds the literal specifiers below and
+// ships the packages (packaging/build.ts loads them from the staged tree).
+import { createRequire } from 'node:module';
+
+const require = createRequire(import.meta.url);
+let ws: typeof import('ws') | undefined;
+let tar: typeof import('tar-stream') | undefined;
+
+/** `ws`, on the first WebSocket exec. */
+export function wsPackage(): typeof import('ws') {
+  ws ??= require('ws') as typeof import('ws');
+  return ws;
+}
+
+/** `tar-stream`, on the first registry pull or push. */
+export function tarStream(): typeof import('tar-stream') {
+  tar ??= require('tar-stream') as typeof import('tar-stream');
+  return tar;
+}
