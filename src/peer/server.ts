@@ -3,12 +3,7 @@
 // certificates) and, only when allowed, plain HTTP (Go peers). The first byte of a connection
 // decides: 0x16 (a TLS handshake record) goes to the HTTPS server, anything else to the plain
 // one or is closed. Every request is authorized by the injected policy before any route runs.
-import {
-  createServer as createHttpServer,
-  type IncomingMessage,
-  type Server,
-  type ServerResponse,
-} from 'node:http';
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import net from 'node:net';
 import type { TLSSocket } from 'node:tls';
@@ -26,6 +21,9 @@ import {
   serveSlice,
 } from './slice.ts';
 import { encodePlanJson, PLAN_PATH, SLICE_PATH } from './wire.ts';
+
+// node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
+const { createServer: createHttpServer } = process.getBuiltinModule('node:http');
 
 export type { PeerRefusal, PeerResult, PeerRoute, PeerServerMetrics } from './slice.ts';
 

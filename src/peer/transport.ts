@@ -3,10 +3,13 @@
 // (so no proxy, and no shared global agent), a dial bound, a response-header bound, and for
 // https a pinned server certificate checked before a request is written.
 import { createHash, type X509Certificate } from 'node:crypto';
-import http, { type IncomingMessage } from 'node:http';
+import type { Agent as HttpAgent, IncomingMessage } from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
 import tls, { type PeerCertificate } from 'node:tls';
+
+// node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
+const http = process.getBuiltinModule('node:http');
 
 export type PeerRestoreReason =
   | 'plan'
@@ -61,7 +64,7 @@ type Callback = (err: Error | null, socket?: net.Socket) => void;
  * not verify, is not where the pin is checked: the connection is refused before the agent
  * ever writes a request on it.
  */
-export function makeAgent(o: AgentOptions): http.Agent {
+export function makeAgent(o: AgentOptions): HttpAgent {
   const pin = o.https ? normalizePin(o.pinSha256 ?? '') : undefined;
   const base = {
     keepAlive: true,
@@ -115,7 +118,7 @@ export function makeAgent(o: AgentOptions): http.Agent {
  * The body is the caller's; aborting `signal` later destroys it too.
  */
 export function get(
-  agent: http.Agent,
+  agent: HttpAgent,
   url: string,
   o: { signal: AbortSignal; headerMs: number },
 ): Promise<IncomingMessage> {
