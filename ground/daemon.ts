@@ -2,7 +2,7 @@
 // environment variables only. Restart tests SIGKILL it and start a new one on the same
 // apiserver, simulator root and lease file.
 import { type ChildProcess, spawn } from 'node:child_process';
-import { openSync } from 'node:fs';
+import { existsSync, openSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { ClusterState } from './cluster.ts';
 import { repoRoot } from './cluster.ts';
@@ -53,7 +53,25 @@ export interface Daemon {
   kill(): Promise<void>;
 }
 
+/**
+ * Starts the daemon. A port picked by freePort() is free when picked, not when the daemon binds
+ * it (another process of a loaded run may take it in between, an outgoing connection's
+ * ephemeral port included): a start refused with EADDRINUSE is tried again, up to 3 times, with
+ * the ports this function picked picked again.
+ */
 export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
+  for (let attempt = 1; ; attempt++) {
+    const logStart = existsSync(o.logFile) ? statSync(o.logFile).size : 0;
+    try {
+      return await startDaemonOnce(o);
+    } catch (err) {
+      const tail = existsSync(o.logFile) ? readFileSync(o.logFile, 'utf8').slice(logStart) : '';
+      if (attempt >= 3 || !/before serving/.test(String(err)) || !tail.includes('EADDRINUSE')) throw err;
+    }
+  }
+}
+
+async function startDaemonOnce(o: DaemonOptions): Promise<Daemon> {
   const nodeIp = o.nodeIp ?? '127.0.0.1';
   const kubeletPort = o.kubeletPort ?? (await freePort());
   const metricsPort = await freePort();

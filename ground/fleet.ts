@@ -139,7 +139,8 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
   });
   const snapshotDir = join(simulator.root, 'snapshot', 'localfile');
   mkdirSync(snapshotDir, { recursive: true });
-  const kubeletPort = await freePort();
+  // Picked by the first start (ground/daemon.ts retries a port taken meanwhile), then kept.
+  let kubeletPort: number | undefined;
   const peerAddr = `${ip}:${fleet.peerPort}`;
   const logFile = join(dir, 'vk-cocoon.log');
   const host: FleetHost = {
@@ -153,7 +154,7 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
     leasesPath: simulator.leasesPath,
     stagingDir,
     snapshotDir,
-    kubeletPort,
+    kubeletPort: 0,
     peerAddr,
     daemon: undefined as unknown as Daemon,
     logFile,
@@ -181,6 +182,8 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
           ...env,
         },
       });
+      kubeletPort = host.daemon.kubeletPort;
+      host.kubeletPort = kubeletPort;
       return host.daemon;
     },
     kill: async () => {
@@ -197,7 +200,9 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
     await simulator.cleanup({ keepDir: true }).catch(() => {});
     throw err;
   }
-  o.log?.(`fleet: host ${name} at ${ip} (kubelet :${kubeletPort}, pid ${host.daemon.pid}); log ${logFile}`);
+  o.log?.(
+    `fleet: host ${name} at ${ip} (kubelet :${host.kubeletPort}, pid ${host.daemon.pid}); log ${logFile}`,
+  );
   return host;
 }
 
