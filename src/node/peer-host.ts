@@ -103,7 +103,9 @@ export class PeerHost {
     );
     if (!c.listen) return;
     this.#cert = await this.#loadCert();
-    const host = c.listen.host || this.#o.nodeIP;
+    // A wildcard listen address is no address to dial: pushes stamp the node IP then.
+    const wildcard = c.listen.host === '' || c.listen.host === '0.0.0.0' || c.listen.host === '::';
+    const host = wildcard ? this.#o.nodeIP : c.listen.host;
     this.stamp = {
       address: `${isIPv6(host) ? `[${host}]` : host}:${c.listen.port}`,
       pin: certSha256(new X509Certificate(this.#cert.cert)),
