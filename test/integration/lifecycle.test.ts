@@ -216,6 +216,14 @@ test('seed 000: a Windows clone with a slow lease and 50 updates during the wait
   await readyPod('seed', 30_000);
   // PodReady = probe ∧ lifecycle ready; the probe follows within its fast cadence.
   const p = await waitForPod(w.core, w.namespace, 'seed', 'Ready', isReady, 10_000);
+  // The watch delivers after the GET that saw ready returned: wait for it (a loaded run once
+  // looked a moment too soon).
+  await waitFor(
+    'the watch to see the ready annotation',
+    () => events.some((e) => e.name === 'seed' && e.lifecycle === 'ready'),
+    15_000,
+    50,
+  ).catch(() => {});
   const readyEvent = events.find((e) => e.name === 'seed' && e.lifecycle === 'ready');
   assert.ok(readyEvent, 'the watch saw the ready annotation');
   assert.ok(readyEvent.at - leaseAt < 25_000, `ready ${readyEvent.at - leaseAt} ms after the lease`);
