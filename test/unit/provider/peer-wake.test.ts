@@ -21,12 +21,14 @@ class FakePeer implements PeerRestorer {
   readonly stamp = { address: '127.0.0.9:12501', pin: 'ab'.repeat(32) };
   readonly calls: { vmName: string; fromNode: string; snapshotId: string; stamp?: string }[] = [];
   readonly released: string[] = [];
-  answer: 'staged' | 'skip' | 'fail' = 'staged';
+  answer: 'staged' | 'skip' | 'fail' | 'hang' = 'staged';
+  aborted = 0;
   async restore(args: {
     vmName: string;
     fromNode: string;
     stamp?: { address: string; pin: string };
     config: SnapshotConfig;
+    signal?: AbortSignal;
   }): Promise<PeerStaged | { skip: string }> {
     this.calls.push({
       vmName: args.vmName,
@@ -36,6 +38,15 @@ class FakePeer implements PeerRestorer {
     });
     if (this.answer === 'skip') return { skip: `node ${args.fromNode} not found` };
     if (this.answer === 'fail') throw new Error('checksum mismatch');
+    if (this.answer === 'hang') {
+      // A transfer that lasts until its signal aborts it.
+      return await new Promise((_, reject) =>
+        args.signal?.addEventListener('abort', () => {
+          this.aborted++;
+          reject(new Error('aborted'));
+        }),
+      );
+    }
     const dir = `/staging/${args.vmName}-1`;
     return { dir, bytes: 4096, release: async () => void this.released.push(dir) };
   }
@@ -208,5 +219,22 @@ describe('a wake does not ask a peer', () => {
     await until('failed', () => lastState(s.hh, 'q-3') === 'failed');
     assert.equal(s.hh.cocoon.callsOf('vm clone').length, clones, 'no clone of a mismatching state');
     assert.deepEqual(s.peer.released, ['/staging/vk-q-3-1']);
+  });
+
+  test('a delete during the peer transfer aborts it: not counted as a failed peer, no registry pull after it', async () => {
+    const s = setup();
+    s.peer.answer = 'hang';
+    const pod = await hibernatedElsewhere(s, 'q-4', { fromNode: 'host-b', dropLocal: true });
+    const woken = apiCopy(s.hh, pod, { [HIBERNATE]: null });
+    await s.hh.provider.updatePod(woken);
+    await until('the peer asked', () => s.peer.calls.length === 1);
+    await s.hh.provider.deletePod({
+      ...woken,
+      metadata: { ...woken.metadata, deletionTimestamp: new Date() },
+    });
+    await until('the transfer aborted', () => s.peer.aborted === 1);
+    await new Promise((r) => setTimeout(r, 50));
+    assert.deepEqual(s.peerMetrics, []);
+    assert.equal(s.store().calls.filter((c) => c.startsWith('pull')).length, 0);
   });
 });

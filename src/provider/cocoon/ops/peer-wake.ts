@@ -3,6 +3,7 @@
 // it (the manifest's `cocoonstack.snapshot.from-node`). A skip (no such host, this host, no
 // config) costs nothing; a failed restore is counted, logged and falls back to the registry.
 import type { Logger } from '../../../log.ts';
+import { currentOpSignal } from '../../../util/op-signal.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import type { PeerStaged, ProviderContext, SnapshotIdentity } from '../context.ts';
 import type { PodRecord } from '../state.ts';
@@ -30,6 +31,7 @@ export async function peerWake(
     return undefined;
   }
   const namespace = rec.pod.metadata?.namespace ?? '';
+  const op = currentOpSignal();
   const started = performance.now();
   try {
     const r = await ctx.peer.restore({
@@ -37,7 +39,9 @@ export async function peerWake(
       fromNode: node,
       stamp: id.peerAddress && id.peerPin ? { address: id.peerAddress, pin: id.peerPin } : undefined,
       config: id.config,
-      signal: ctx.lifetime,
+      // A DeletePod aborts the bring-up (ops/abort.ts): the transfer stops with it, not only
+      // the clone after it; the next bring-up re-derives the source.
+      signal: op ? AbortSignal.any([ctx.lifetime, op]) : ctx.lifetime,
       log,
     });
     if ('skip' in r) {
@@ -52,6 +56,8 @@ export async function peerWake(
     );
     return { ...r, node };
   } catch (err) {
+    // Aborted by a delete or the shutdown: not a failed peer, and no fallback to start.
+    if (op?.aborted || ctx.lifetime.aborted) throw err;
     ctx.metrics.peerRestore(namespace, 'failed', 0);
     log.warn(
       { fromNode: node, err: errText(err) },
