@@ -4,7 +4,7 @@
 // the server (server.ts, slice.ts), the client (client.ts) and the tests share these, so each
 // constant and each formatting rule lives here once.
 import { crc32c } from '@node-rs/crc32';
-import type { SnapshotConfig } from '../registry/artifact.ts';
+import { ENVELOPE_FIELDS, type SnapshotConfig } from '../registry/artifact.ts';
 import { goJson, goQueryEscape } from './gojson.ts';
 
 export const MiB = 1 << 20;
@@ -225,19 +225,14 @@ export function peerEnvelope(config: SnapshotConfig, vmName: string): string {
   };
   put('id', config.snapshotId);
   c.name = vmName;
-  put('description', config.description);
-  put('image', config.image);
-  put('image_digest', config.imageDigest);
-  put('image_type', config.imageType);
-  const blobs = config.imageBlobIds ?? {};
-  const keys = Object.keys(blobs).sort((a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b)));
-  if (keys.length > 0) c.image_blob_ids = new Map(keys.map((k) => [k, blobs[k]]));
-  put('hypervisor', config.hypervisor);
-  put('cpu', config.cpu);
-  put('memory', config.memory);
-  put('storage', config.storage);
-  put('nics', config.nics);
-  put('network', config.network);
-  put('windows', config.windows);
+  for (const [key, value] of ENVELOPE_FIELDS) {
+    if (key !== 'image_blob_ids') {
+      put(key, value(config));
+      continue;
+    }
+    const blobs = (value(config) ?? {}) as Readonly<Record<string, unknown>>;
+    const keys = Object.keys(blobs).sort((x, y) => Buffer.compare(Buffer.from(x), Buffer.from(y)));
+    if (keys.length > 0) c.image_blob_ids = new Map(keys.map((k) => [k, blobs[k]]));
+  }
   return `${goJson({ version: 1, config: c }, 2)}\n`;
 }

@@ -484,22 +484,32 @@ export interface SnapshotEnvelope {
  */
 export function snapshotEnvelope(config: SnapshotConfig, localName: string): SnapshotEnvelope {
   const out: Record<string, unknown> = { id: config.snapshotId, name: localName };
-  const put = (key: string, value: unknown) => {
-    if (value !== undefined) out[key] = value;
-  };
-  put('image', config.image);
-  put('image_digest', config.imageDigest);
-  put('image_type', config.imageType);
-  put('image_blob_ids', config.imageBlobIds);
-  put('hypervisor', config.hypervisor);
-  put('cpu', config.cpu);
-  put('memory', config.memory);
-  put('storage', config.storage);
-  put('nics', config.nics);
-  put('network', config.network);
-  put('windows', config.windows);
+  for (const [key, value] of ENVELOPE_FIELDS) {
+    // The import passes the description as `--description`, not in the envelope.
+    if (key === 'description') continue;
+    const v = value(config);
+    if (v !== undefined) out[key] = v;
+  }
   return { version: 1, config: out };
 }
+
+/** The envelope's config keys after `id` and `name`, in the order of cocoon's Go struct, and
+ * where each comes from in the registry config: the one list the import tar's envelope (above)
+ * and a peer restore's `snapshot.json` (src/peer/wire.ts) are written from. */
+export const ENVELOPE_FIELDS: readonly (readonly [key: string, value: (c: SnapshotConfig) => unknown])[] = [
+  ['description', (c) => c.description],
+  ['image', (c) => c.image],
+  ['image_digest', (c) => c.imageDigest],
+  ['image_type', (c) => c.imageType],
+  ['image_blob_ids', (c) => c.imageBlobIds],
+  ['hypervisor', (c) => c.hypervisor],
+  ['cpu', (c) => c.cpu],
+  ['memory', (c) => c.memory],
+  ['storage', (c) => c.storage],
+  ['nics', (c) => c.nics],
+  ['network', (c) => c.network],
+  ['windows', (c) => c.windows],
+];
 
 /** Mode of a layer file the config does not describe. */
 export const DEFAULT_FILE_MODE = 0o640;
