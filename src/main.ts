@@ -196,6 +196,8 @@ async function main(argv: string[]): Promise<number> {
     nodeIP,
     clientCa,
     clientCert: access.cert && access.key ? { cert: access.cert, key: access.key } : undefined,
+    // The host's bound; each restore is held to its registry config's file sizes below it
+    // (stagedBytesBound): the largest disk a pod may have, plus 1 TiB of guest memory.
     maxStagedBytes: Number(config.maxVmStorageBytes ?? 2n ** 50n) + 2 ** 40,
     metrics: metrics.peer,
     lifetime: lifetime.signal,

@@ -29,6 +29,7 @@ import type { PeerMetrics } from '../metrics/registry.ts';
 import { PeerClient, sweepStaging } from '../peer/client.ts';
 import { nodeFromCert, type PeerCaller, PeerServer } from '../peer/server.ts';
 import { certSha256 } from '../peer/transport.ts';
+import { stagedBytesBound } from '../peer/wire.ts';
 import type { SnapshotConfig } from '../registry/artifact.ts';
 import { inspectSnapshot } from '../registry/pull.ts';
 
@@ -176,7 +177,7 @@ export class PeerHost {
         signal: args.signal ? AbortSignal.any([args.signal, this.#o.lifetime]) : this.#o.lifetime,
         log: args.log,
         limits: {
-          maxTotalBytes: this.#o.maxStagedBytes,
+          maxTotalBytes: stagedBytesBound(args.config, this.#o.maxStagedBytes),
           bytesPerSecond: this.#o.config.bandwidth || undefined,
         },
         onBytes: (n) => m.restoreBytes.inc(n),

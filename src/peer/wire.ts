@@ -236,3 +236,22 @@ export function peerEnvelope(config: SnapshotConfig, vmName: string): string {
   }
   return `${goJson({ version: 1, config: c }, 2)}\n`;
 }
+
+/** Slack over the registry's file sizes for files a host keeps beside them (a few KiB of JSON). */
+export const STAGING_SLACK = 64 * MiB;
+
+/**
+ * The most a peer restore may stage for `config` (pure): what the registry says the snapshot's
+ * files hold (each file's apparent size: `sparseSize` for a sparse file, else `size`) plus
+ * STAGING_SLACK, never more than `hostBound`. A peer that plans more is refused before anything
+ * is written, so a peer cannot fill this host's disk with more than the snapshot it claims to
+ * be. A config without file sizes (an older writer) gets `hostBound`.
+ */
+export function stagedBytesBound(config: SnapshotConfig, hostBound: number): number {
+  let total = 0;
+  for (const f of Object.values(config.files)) {
+    const sparse = Number(f.sparseSize);
+    total += Math.max(f.size ?? 0, Number.isFinite(sparse) ? sparse : 0);
+  }
+  return total === 0 ? hostBound : Math.min(hostBound, total + STAGING_SLACK);
+}

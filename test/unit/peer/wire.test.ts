@@ -14,8 +14,10 @@ import {
   parsePlanJson,
   peerEnvelope,
   planUrl,
+  STAGING_SLACK,
   sliceUrl,
   splitExtents,
+  stagedBytesBound,
   stagingPrefix,
   streamGroups,
   validatePlan,
@@ -371,5 +373,23 @@ describe('gates', () => {
     );
     assert.equal(ac.signal.aborted, true);
     assert.ok(!started.includes(11), `started ${started}`);
+  });
+});
+
+describe('stagedBytesBound', () => {
+  it("is the registry config's apparent file sizes plus the slack, below the host's bound", () => {
+    const config = snapshotConfig('S', {
+      files: {
+        'memory-range-0': { size: 1000, sparseSize: '4096' },
+        'overlay.qcow2': { size: 2000, sparseSize: 1500 },
+        'config.json': { size: 10 },
+      },
+    });
+    assert.equal(stagedBytesBound(config, 2 ** 40), 4096 + 2000 + 10 + STAGING_SLACK);
+    assert.equal(stagedBytesBound(config, 100), 100, 'never above the host bound');
+  });
+  it("a config without file sizes (an older writer) gets the host's bound", () => {
+    assert.equal(stagedBytesBound(snapshotConfig('S'), 12345), 12345);
+    assert.equal(stagedBytesBound(snapshotConfig('S', { files: { x: { mode: 420 } } }), 777), 777);
   });
 });
