@@ -65,12 +65,15 @@ describe('evictedByTaint', () => {
 describe('keptVerdict', () => {
   const vm = { id: 'VM1' } as VmRecord;
   test('adopted once it left the index (or another VM holds the name there)', () => {
-    assert.equal(keptVerdict({ vmId: 'VM1', at: 0 }, undefined, 1), 'adopted');
-    assert.equal(keptVerdict({ vmId: 'VM1', at: 0 }, { id: 'VM2' } as VmRecord, 1), 'adopted');
+    assert.equal(keptVerdict({ vmId: 'VM1', at: 0 }, undefined, false, 1), 'adopted');
+    assert.equal(keptVerdict({ vmId: 'VM1', at: 0 }, { id: 'VM2' } as VmRecord, false, 1), 'adopted');
+  });
+  test('a tracked pod claiming the name (an adoption in flight) is never raced by the removal', () => {
+    assert.equal(keptVerdict({ vmId: 'VM1', at: 0 }, vm, true, EVICTED_KEEP_MS * 2), 'wait');
   });
   test('waits for a replacement, then is removed', () => {
-    assert.equal(keptVerdict({ vmId: 'VM1', at: 1000 }, vm, 1000 + EVICTED_KEEP_MS - 1), 'wait');
-    assert.equal(keptVerdict({ vmId: 'VM1', at: 1000 }, vm, 1000 + EVICTED_KEEP_MS), 'remove');
+    assert.equal(keptVerdict({ vmId: 'VM1', at: 1000 }, vm, false, 1000 + EVICTED_KEEP_MS - 1), 'wait');
+    assert.equal(keptVerdict({ vmId: 'VM1', at: 1000 }, vm, false, 1000 + EVICTED_KEEP_MS), 'remove');
   });
 });
 

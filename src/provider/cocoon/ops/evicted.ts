@@ -31,14 +31,16 @@ export function evictedByTaint(pod: V1Pod): boolean {
 }
 
 /** What becomes of a kept VM (pure): adopted (it left the orphan index for a pod), still
- * waiting, or due for removal. */
+ * waiting (also while a tracked pod claims its name: an adoption may be in flight, and a
+ * claimant the ledger refuses only delays the removal), or due for removal. */
 export function keptVerdict(
   kept: { vmId: string; at: number },
   indexed: VmRecord | undefined,
+  claimed: boolean,
   now: number,
 ): 'adopted' | 'wait' | 'remove' {
   if (indexed?.id !== kept.vmId) return 'adopted';
-  return now - kept.at >= EVICTED_KEEP_MS ? 'remove' : 'wait';
+  return !claimed && now - kept.at >= EVICTED_KEEP_MS ? 'remove' : 'wait';
 }
 
 /** DeletePod of a taint-evicted pod: the VM is kept and indexed for a replacement. */
@@ -58,7 +60,8 @@ export function keepEvictedVm(ctx: ProviderContext, rec: PodRecord, vm: VmRecord
  * very VM the ledger gives to vk-cocoon; never pushed). */
 export async function sweepKeptEvicted(ctx: ProviderContext, now = performance.now()): Promise<void> {
   for (const [name, kept] of ctx.keptEvicted) {
-    const verdict = keptVerdict(kept, ctx.orphansByName.get(name), now);
+    const claimed = [...ctx.pods.values()].some((r) => r.spec?.managed && r.spec.vmName === name);
+    const verdict = keptVerdict(kept, ctx.orphansByName.get(name), claimed, now);
     if (verdict === 'wait') continue;
     ctx.keptEvicted.delete(name);
     if (verdict === 'adopted') continue;
