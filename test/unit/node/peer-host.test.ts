@@ -64,7 +64,16 @@ async function host(name: string, env: Record<string, string>, clientCert?: Pair
     log: silentLogger,
   });
   await h.start();
-  return { h, cocoon, ledger, dir, close: async () => (await h.close(), lifetime.abort()) };
+  return {
+    h,
+    cocoon,
+    ledger,
+    dir,
+    close: async () => {
+      await h.close();
+      lifetime.abort();
+    },
+  };
 }
 
 describe('PeerHost', () => {
