@@ -41,6 +41,8 @@ export interface ClusterState {
   tokens: GroundTokens;
   certs: GroundCerts;
   extraApiserverArgs: string[];
+  /** Flags added to kube-controller-manager's (a host-death test's short node-monitor grace). */
+  extraControllerManagerArgs?: string[];
   /** The apiserver's audit log (JSON lines), when started with `audit: true`. */
   auditLog?: string;
 }
@@ -49,6 +51,7 @@ export interface ClusterOptions {
   dir: string;
   detached?: boolean;
   extraApiserverArgs?: string[];
+  extraControllerManagerArgs?: string[];
   /**
    * Opt-in audit log (the benchmarks count API writes per client with it): every create,
    * update, patch, delete and deletecollection at level Metadata, one event per request (stage
@@ -57,6 +60,17 @@ export interface ClusterOptions {
   audit?: boolean;
   log?: (line: string) => void;
 }
+
+/**
+ * The timings of a host-death test's private ground (ground.ts `fastNodeDeath`): a node whose
+ * Lease (renewed every 10 s by the daemon) stops for 16 s turns Unknown, checked every second;
+ * the NoExecute taint then evicts pods after their `tolerationSeconds` (a pod without its own
+ * gets 5 s from DefaultTolerationSeconds).
+ */
+export const FAST_NODE_DEATH = {
+  controllerManager: ['--node-monitor-period=1s', '--node-monitor-grace-period=16s'],
+  apiserver: ['--default-not-ready-toleration-seconds=5', '--default-unreachable-toleration-seconds=5'],
+};
 
 /** The audit policy of `audit: true`: writes at Metadata, one event per request, nothing else. */
 export const AUDIT_POLICY = [
@@ -230,7 +244,8 @@ export async function stopApiserver(s: ClusterState): Promise<void> {
  * RBAC role of `system:kube-controller-manager` applies), one service account per
  * controller, the cluster CA as root CA and signer. Default timings (node monitor grace
  * period, pod eviction via DefaultTolerationSeconds, PodGC quarantine) are kept, so the
- * ground behaves like a real cluster: a node whose Lease stops turns Unknown after 50 s.
+ * ground behaves like a real cluster: a node whose Lease stops turns Unknown after 50 s,
+ * unless a private ground of a host-death test shortens them (`FAST_NODE_DEATH`).
  */
 function controllerManagerArgs(s: ClusterState): string[] {
   const kc = s.controllerManagerKubeconfig;
@@ -251,6 +266,7 @@ function controllerManagerArgs(s: ClusterState): string[] {
     '--service-cluster-ip-range=10.0.0.0/24',
     '--profiling=false',
     '--v=1',
+    ...(s.extraControllerManagerArgs ?? []),
   ];
 }
 
@@ -358,6 +374,7 @@ export async function startCluster(opts: ClusterOptions): Promise<ClusterState> 
     certs,
     // In the state (not computed per start), so an apiserver restarted by startApiserver keeps them.
     extraApiserverArgs: [...(opts.extraApiserverArgs ?? []), ...(audit?.args ?? [])],
+    extraControllerManagerArgs: opts.extraControllerManagerArgs ?? [],
     ...(audit ? { auditLog: audit.log } : {}),
   };
   const ca = certs.caCert;

@@ -17,7 +17,7 @@ import { after, afterEach } from 'node:test';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { type Knobs, newSimRoot, SimRoot } from '../sim/client.ts';
 import { type Daemon, startDaemon } from './daemon.ts';
-import { type Ground, useGround } from './ground.ts';
+import { type Ground, type UseGroundOptions, useGround } from './ground.ts';
 import { adminClients, newNamespace } from './kube.ts';
 import { freePort, isAlive, procStart, stopPid } from './proc.ts';
 
@@ -280,6 +280,8 @@ export interface FleetWorld {
 
 export interface UseFleetOptions {
   hosts: number;
+  /** The ground's options (a private one for `fastNodeDeath`). */
+  ground?: UseGroundOptions;
   env?: Record<string, string>;
   knobs?: Knobs;
 }
@@ -291,7 +293,7 @@ export interface UseFleetOptions {
  * VK_KEEP_WORLD is set.
  */
 export function useFleet(opts: UseFleetOptions): () => Promise<FleetWorld> {
-  const ground = useGround();
+  const ground = useGround(opts.ground);
   let pending: Promise<FleetWorld> | undefined;
   let dir: string | undefined;
   let failed = false;

@@ -7,7 +7,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'no
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach } from 'node:test';
-import { type ClusterState, startCluster, stopCluster } from './cluster.ts';
+import { type ClusterState, FAST_NODE_DEATH, startCluster, stopCluster } from './cluster.ts';
 import {
   defaultRegistryKind,
   type RegistryKind,
@@ -32,6 +32,8 @@ export async function startGround(
     /** The registry's kind (ground/registry.ts; recorded as `registry.kind` in ground.json).
      * Default: distribution v3, or VK_REGISTRY_KIND. */
     registry?: RegistryKind;
+    /** Short node-monitor grace and default tolerations (cluster.ts `FAST_NODE_DEATH`). */
+    fastNodeDeath?: boolean;
   } = {},
 ): Promise<Ground> {
   const cluster = await startCluster({
@@ -39,6 +41,12 @@ export async function startGround(
     detached: opts.detached,
     log: opts.log,
     audit: opts.audit,
+    ...(opts.fastNodeDeath
+      ? {
+          extraApiserverArgs: FAST_NODE_DEATH.apiserver,
+          extraControllerManagerArgs: FAST_NODE_DEATH.controllerManager,
+        }
+      : {}),
   });
   let registry: RegistryState;
   try {
@@ -80,6 +88,8 @@ export interface UseGroundOptions {
    * a private ground with this one (as with `private`). Default: whatever the ground runs.
    */
   registry?: RegistryKind;
+  /** A private ground whose nodes die fast (cluster.ts `FAST_NODE_DEATH`), for host-death tests. */
+  fastNodeDeath?: boolean;
 }
 
 /**
@@ -107,8 +117,9 @@ export function useGround(opts: UseGroundOptions = {}): () => Promise<Ground> {
   return () => {
     if (pending) return pending;
     const shared = process.env.VK_TEST_GROUND_DIR;
-    const sharedGround = shared && !opts.private ? readGround(shared) : undefined;
-    if (shared && !opts.private && !sharedGround) {
+    const ownGround = opts.private || opts.fastNodeDeath;
+    const sharedGround = shared && !ownGround ? readGround(shared) : undefined;
+    if (shared && !ownGround && !sharedGround) {
       pending = Promise.reject(new Error(`VK_TEST_GROUND_DIR=${shared} holds no ground.json`));
       return pending;
     }
@@ -117,7 +128,7 @@ export function useGround(opts: UseGroundOptions = {}): () => Promise<Ground> {
       return pending;
     }
     own = mkdtempSync(join(shared ?? tmpdir(), shared ? 'private-ground-' : 'vk-ground-'));
-    pending = startGround(own, { registry: opts.registry });
+    pending = startGround(own, { registry: opts.registry, fastNodeDeath: opts.fastNodeDeath });
     return pending;
   };
 }

@@ -9,8 +9,24 @@ import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 
-/** Returns a TCP port that was free on 127.0.0.1 a moment ago (callers retry on bind races). */
+/** Every port freePort() handed out in this process: it never hands one out twice. */
+const handedOut = new Set<number>();
+
+/**
+ * A TCP port that was free on 127.0.0.1 a moment ago (callers retry on bind races), never one
+ * this process was given before: the kernel may give a port just closed to the next bind, and two
+ * daemons of a fleet started in parallel once drew the same one.
+ */
 export async function freePort(): Promise<number> {
+  for (;;) {
+    const port = await unusedPort();
+    if (handedOut.has(port)) continue;
+    handedOut.add(port);
+    return port;
+  }
+}
+
+async function unusedPort(): Promise<number> {
   return await new Promise((resolve, reject) => {
     const srv = createServer();
     srv.unref();
