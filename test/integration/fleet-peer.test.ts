@@ -8,11 +8,13 @@
 //    A's copy kept); a wake on A uses its verified local copy (no pull, no import), a wake on B
 //    restores from A's peer server (no import; the `Woken` event and the metric say so), and with
 //    A's daemon stopped the wake on C falls back to the registry;
+//  - a faulty peer (A's server behind a front that corrupts a slice, or stalls it): the
+//    CRC-32C trailer or the stall timeout cuts the restore and the wake falls back to the registry;
 //  - the peer server refuses a caller without node credentials, and plain HTTP;
 //  - the staging directory is emptied at start;
 //  - snapshot CPU classes on differently classed hosts place pods by class.
 import assert from 'node:assert/strict';
-import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { request as httpsRequest } from 'node:https';
 import { connect } from 'node:net';
 import { join } from 'node:path';
@@ -24,6 +26,7 @@ import { waitFor } from '../../ground/proc.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
 import { deleteSnapshotTag } from '../../src/registry/push.ts';
 import { parseReference } from '../../src/registry/reference.ts';
+import { faultyPeer } from './faulty-peer.ts';
 import { annotate, isReady, lifecycle, vmIdOf } from './helpers.ts';
 
 const HIBERNATE = 'vm.cocoonstack.io/hibernate';
@@ -134,6 +137,19 @@ async function wokenMessage(name: string): Promise<string> {
   return message;
 }
 
+/** A ready pod on A with a marker, suspended the release way: hibernated, then deleted with
+ * keep-snapshot-on-delete (the seat is freed, A keeps its copy as a warm cache). */
+async function released(name: string): Promise<void> {
+  await create(name, A);
+  await waitReady(name);
+  await A.simulator.diskWrite(`vk-${name}`, `marker-${name}`);
+  await suspend(name);
+  await annotate(fw.core, fw.namespace, name, { [KEEP]: 'true' });
+  await remove(name);
+  assert.ok((await snapshotNames(A)).includes(`vk-${name}`), 'A keeps its copy');
+  assert.deepEqual(await vmNames(A), []);
+}
+
 describe('migration', () => {
   test('A→B: hibernated on A, recreated on B from the hibernated state, the guest marker kept, one VM', async () => {
     const name = 'mig-0';
@@ -163,19 +179,6 @@ describe('migration', () => {
 });
 
 describe('release-policy suspend and wake', () => {
-  /** A ready pod on A with a marker, suspended the release way: hibernated, then deleted with
-   * keep-snapshot-on-delete (the seat is freed, A keeps its copy as a warm cache). */
-  async function released(name: string): Promise<void> {
-    await create(name, A);
-    await waitReady(name);
-    await A.simulator.diskWrite(`vk-${name}`, `marker-${name}`);
-    await suspend(name);
-    await annotate(fw.core, fw.namespace, name, { [KEEP]: 'true' });
-    await remove(name);
-    assert.ok((await snapshotNames(A)).includes(`vk-${name}`), 'A keeps its copy');
-    assert.deepEqual(await vmNames(A), []);
-  }
-
   test('woken on the stashed host: its verified local copy, no pull', async () => {
     const name = 'rel-0';
     await released(name);
@@ -280,6 +283,61 @@ describe('the peer server', () => {
     await C.restart();
     await waitFor('staging emptied', () => readdirSync(C.stagingDir).length === 0, 30_000, 100);
   });
+});
+
+describe('a faulty peer', () => {
+  /** Points the state's peer stamp at `address` (the pin stays: the front holds A's certificate). */
+  async function restamp(vmName: string, address: string): Promise<void> {
+    const repo = registry.repository(vmName);
+    const got = await registry.getManifest(repo, parseReference('hibernate'));
+    assert.notEqual(got, 'absent');
+    if (got === 'absent') return;
+    const doc = JSON.parse(got.bytes.toString('utf8')) as {
+      mediaType: string;
+      annotations: Record<string, string>;
+    };
+    doc.annotations['vm.cocoonstack.io/peer-address'] = address;
+    await registry.putManifest(repo, 'hibernate', Buffer.from(JSON.stringify(doc)), doc.mediaType);
+  }
+
+  for (const [fault, why] of [
+    ['corrupt', /checksum mismatch/],
+    ['stall', /no body bytes for 30000 ms/],
+  ] as const) {
+    test(`a ${fault === 'corrupt' ? 'corrupted slice is detected' : 'stalled slice hits the stall timeout'}; the wake falls back to the registry`, {
+      timeout: 150_000,
+    }, async () => {
+      const name = `bad-${fault}`;
+      await released(name);
+      const peer = await faultyPeer(A, `vk-${name}`, fault);
+      try {
+        await restamp(`vk-${name}`, peer.address);
+        const failed = /^cocoon_vk_snapshot_peer_restore_total\{result="failed"\}/;
+        const failedBefore = await metric(B, failed);
+        const logBefore = readFileSync(B.logFile, 'utf8').length;
+        const mark = B.simulator.calls().length;
+        await create(name, B, { [RESTORE]: 'true' });
+        await waitReady(name, 120_000);
+        assert.ok(peer.damaged() >= 1, 'the front damaged a slice');
+        assert.equal(await B.simulator.diskRead(`vk-${name}`), `marker-${name}`);
+        assert.ok(
+          callsSince(B, mark).some(
+            (c) => c.cmd === `snapshot import --name vk-${name}-hibernate-import` && c.exit === 0,
+          ),
+          'the registry fallback',
+        );
+        assert.equal(await wokenMessage(name), `cloned from vk-${name}:hibernate`);
+        assert.equal(await metric(B, failed), failedBefore + 1);
+        const logged = readFileSync(B.logFile, 'utf8').slice(logBefore);
+        assert.match(logged, why);
+        assert.match(logged, /peer restore of vk-bad-\w+ from \S+ failed; falling back to the registry/);
+        assert.deepEqual(readdirSync(B.stagingDir), [], 'nothing left staged');
+      } finally {
+        await peer.close();
+      }
+      await remove(name);
+    });
+  }
 });
 
 describe('snapshot CPU classes', () => {

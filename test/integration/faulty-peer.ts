@@ -1,0 +1,101 @@
+// A faulty peer for the fleet tests: a host's peer server seen through a TLS front that holds
+// the host's own peer certificate (so the pin our pushes stamp still matches) and forwards each
+// connection, byte for byte, to a PeerServer of the test's serving that host's snapshot store.
+// The front damages what the server sends after a slice request: `corrupt` flips the first body
+// byte of the first slice (the CRC-32C trailer no longer matches), `stall` sends nothing more
+// (the client's stall timeout cuts it). Everything else passes unchanged.
+import { readFileSync } from 'node:fs';
+import net from 'node:net';
+import { join } from 'node:path';
+import tls from 'node:tls';
+import type { FleetHost } from '../../ground/fleet.ts';
+import { PeerServer } from '../../src/peer/server.ts';
+
+export type PeerFault = 'corrupt' | 'stall';
+
+export interface FaultyPeer {
+  /** `ip:port` to stamp into a manifest as the peer address. */
+  address: string;
+  /** Slice responses the front damaged. */
+  damaged(): number;
+  close(): Promise<void>;
+}
+
+/** Starts the front on `host.ip` (a free port) for `host`'s snapshot `name`. */
+export async function faultyPeer(host: FleetHost, name: string, fault: PeerFault): Promise<FaultyPeer> {
+  const info = JSON.parse((await host.simulator.run(['snapshot', 'inspect', name])).stdout) as { id: string };
+  const stateDir = join(host.simRoot, 'vk-state');
+  const tlsPair = {
+    cert: readFileSync(join(stateDir, 'peer.crt'), 'utf8'),
+    key: readFileSync(join(stateDir, 'peer.key'), 'utf8'),
+  };
+  const upstream = new PeerServer({
+    listen: { host: '127.0.0.1', port: 0 },
+    tls: tlsPair,
+    storeDir: host.snapshotDir,
+    resolve: async (asked) => (asked === name ? { id: info.id } : 'absent'),
+    authorize: async () => ({ ok: true, node: 'test' }),
+    allowPlainHttp: true,
+  });
+  await upstream.start();
+  let damaged = 0;
+  const sockets = new Set<net.Socket>();
+  const front = tls.createServer(tlsPair, (client) => {
+    const up = net.connect(upstream.port, '127.0.0.1');
+    sockets.add(client).add(up);
+    let slice = false;
+    let done = false;
+    let held = Buffer.alloc(0);
+    client.on('data', (d: Buffer) => {
+      if (d.includes('/v1/snapshot-slice')) slice = true;
+      up.write(d);
+    });
+    up.on('data', (d: Buffer) => {
+      if (!slice || done) {
+        // After a stall nothing more reaches the client; after one corruption all passes.
+        if (!(done && fault === 'stall')) client.write(d);
+        return;
+      }
+      held = Buffer.concat([held, d]);
+      const headersEnd = held.indexOf('\r\n\r\n');
+      if (headersEnd < 0) return;
+      if (fault === 'stall') {
+        // The headers arrive, the body never does.
+        client.write(held.subarray(0, headersEnd + 4));
+      } else {
+        // The first body byte: after the headers and the first chunk-size line.
+        const sizeEnd = held.indexOf('\r\n', headersEnd + 4);
+        if (sizeEnd < 0 || held.length <= sizeEnd + 2) return;
+        held[sizeEnd + 2] = (held[sizeEnd + 2] as number) ^ 0xff;
+        client.write(held);
+      }
+      damaged++;
+      done = true;
+      held = Buffer.alloc(0);
+    });
+    const end = () => {
+      client.destroy();
+      up.destroy();
+      sockets.delete(client);
+      sockets.delete(up);
+    };
+    client.on('error', end);
+    client.on('close', end);
+    // A stalled client keeps its connection when the server behind closes its own (its
+    // keep-alive timeout): the client must see silence, not a reset.
+    const upEnd = () => (fault === 'stall' && done ? up.destroy() : end());
+    up.on('error', upEnd);
+    up.on('close', upEnd);
+  });
+  await new Promise<void>((resolve) => front.listen(0, host.ip, resolve));
+  const port = (front.address() as net.AddressInfo).port;
+  return {
+    address: `${host.ip}:${port}`,
+    damaged: () => damaged,
+    close: async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => front.close(() => resolve()));
+      await upstream.close();
+    },
+  };
+}
