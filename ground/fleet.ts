@@ -68,8 +68,9 @@ export interface FleetHost {
   /** The running daemon (replaced by `restart`). */
   daemon: Daemon;
   logFile: string;
-  /** Starts the daemon again (after `kill`, `killHost` or `daemon.stop()`), same ports and dirs. */
-  restart(env?: Record<string, string>): Promise<Daemon>;
+  /** Starts the daemon again (after `kill`, `killHost` or `daemon.stop()`), same ports and dirs;
+   * `identity`: this start's credentials (default: the fleet's). */
+  restart(env?: Record<string, string>, identity?: 'node' | 'provider'): Promise<Daemon>;
   /** SIGKILL of the daemon only: the host's VMs (simulator stand-ins) keep running. */
   kill(): Promise<void>;
   /** The host is gone: SIGKILL of the daemon, every VM stand-in and simulator process of it. */
@@ -158,7 +159,7 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
     peerAddr,
     daemon: undefined as unknown as Daemon,
     logFile,
-    restart: async (env) => {
+    restart: async (env, identity) => {
       // After killHost the simulator's server is gone too: a host coming back has it again.
       if (!o.detached) await simulator.startServer();
       host.daemon = await startDaemon({
@@ -170,7 +171,7 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
         logFile,
         nodeIp: ip,
         kubeletPort,
-        identity: o.identity,
+        identity: identity ?? o.identity,
         detached: o.detached,
         env: {
           ...simulator.env(),

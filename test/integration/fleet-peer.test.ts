@@ -10,6 +10,8 @@
 //    A's daemon stopped the wake on C falls back to the registry;
 //  - a faulty peer (A's server behind a front that corrupts a slice, or stalls it): the
 //    CRC-32C trailer or the stall timeout cuts the restore and the wake falls back to the registry;
+//  - a Go pusher (a state without our stamp): found through its Node's InternalIP by a daemon
+//    that may read Nodes and fetched over plain HTTP; a node identity may not, and pulls;
 //  - the peer server refuses a caller without node credentials, and plain HTTP;
 //  - the staging directory is emptied at start;
 //  - snapshot CPU classes on differently classed hosts place pods by class.
@@ -26,12 +28,15 @@ import { waitFor } from '../../ground/proc.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
 import { deleteSnapshotTag } from '../../src/registry/push.ts';
 import { parseReference } from '../../src/registry/reference.ts';
-import { faultyPeer } from './faulty-peer.ts';
-import { annotate, isReady, lifecycle, vmIdOf } from './helpers.ts';
+import { annotate, isReady, lifecycle, mergePatch, vmIdOf } from './helpers.ts';
+import { faultyPeer, type GoPusher, goPusher } from './peer-standins.ts';
 
 const HIBERNATE = 'vm.cocoonstack.io/hibernate';
 const RESTORE = 'vm.cocoonstack.io/restore-from-hibernate';
 const KEEP = 'vm.cocoonstack.io/keep-snapshot-on-delete';
+const PEER_ADDRESS = 'vm.cocoonstack.io/peer-address';
+const PEER_PIN = 'vm.cocoonstack.io/peer-cert-sha256';
+const FROM_NODE = 'cocoonstack.snapshot.from-node';
 const IMAGE = 'acme/fleet-agent';
 const fleet = useFleet({ hosts: 3 });
 let fw: FleetWorld;
@@ -148,6 +153,24 @@ async function released(name: string): Promise<void> {
   await remove(name);
   assert.ok((await snapshotNames(A)).includes(`vk-${name}`), 'A keeps its copy');
   assert.deepEqual(await vmNames(A), []);
+}
+
+/** Edits the annotations of the state's manifest (`null` deletes one), as another pusher would
+ * have written them. */
+async function editAnnotations(vmName: string, edit: Record<string, string | null>): Promise<void> {
+  const repo = registry.repository(vmName);
+  const got = await registry.getManifest(repo, parseReference('hibernate'));
+  assert.notEqual(got, 'absent');
+  if (got === 'absent') return;
+  const doc = JSON.parse(got.bytes.toString('utf8')) as {
+    mediaType: string;
+    annotations: Record<string, string>;
+  };
+  for (const [k, v] of Object.entries(edit)) {
+    if (v === null) delete doc.annotations[k];
+    else doc.annotations[k] = v;
+  }
+  await registry.putManifest(repo, 'hibernate', Buffer.from(JSON.stringify(doc)), doc.mediaType);
 }
 
 describe('migration', () => {
@@ -286,20 +309,6 @@ describe('the peer server', () => {
 });
 
 describe('a faulty peer', () => {
-  /** Points the state's peer stamp at `address` (the pin stays: the front holds A's certificate). */
-  async function restamp(vmName: string, address: string): Promise<void> {
-    const repo = registry.repository(vmName);
-    const got = await registry.getManifest(repo, parseReference('hibernate'));
-    assert.notEqual(got, 'absent');
-    if (got === 'absent') return;
-    const doc = JSON.parse(got.bytes.toString('utf8')) as {
-      mediaType: string;
-      annotations: Record<string, string>;
-    };
-    doc.annotations['vm.cocoonstack.io/peer-address'] = address;
-    await registry.putManifest(repo, 'hibernate', Buffer.from(JSON.stringify(doc)), doc.mediaType);
-  }
-
   for (const [fault, why] of [
     ['corrupt', /checksum mismatch/],
     ['stall', /no body bytes for 30000 ms/],
@@ -311,7 +320,7 @@ describe('a faulty peer', () => {
       await released(name);
       const peer = await faultyPeer(A, `vk-${name}`, fault);
       try {
-        await restamp(`vk-${name}`, peer.address);
+        await editAnnotations(`vk-${name}`, { [PEER_ADDRESS]: peer.address });
         const failed = /^cocoon_vk_snapshot_peer_restore_total\{result="failed"\}/;
         const failedBefore = await metric(B, failed);
         const logBefore = readFileSync(B.logFile, 'utf8').length;
@@ -338,6 +347,78 @@ describe('a faulty peer', () => {
       await remove(name);
     });
   }
+});
+
+describe('a Go pusher', () => {
+  /** The state of `name` as a Go host pushes it: no stamp of ours, `from-node` naming a Node
+   * whose InternalIP serves plain HTTP at the fleet's peer port. */
+  async function pushedByGo(name: string, goNode: string, goIp: string): Promise<GoPusher> {
+    await released(name);
+    const pusher = await goPusher(A, `vk-${name}`, goIp, fw.fleet.peerPort);
+    await fw.core.createNode({ body: { metadata: { name: goNode } } });
+    await fw.core.patchNodeStatus(
+      { name: goNode, body: { status: { addresses: [{ type: 'InternalIP', address: goIp }] } } },
+      mergePatch,
+    );
+    await editAnnotations(`vk-${name}`, { [PEER_ADDRESS]: null, [PEER_PIN]: null, [FROM_NODE]: goNode });
+    return pusher;
+  }
+
+  test('a node identity may not read the Go host’s Node: the wake says so and pulls from the registry', async () => {
+    const name = 'go-0';
+    const goNode = `go-${fw.namespace}-0`;
+    const pusher = await pushedByGo(name, goNode, `${fw.fleet.subnet}.98`);
+    try {
+      const logBefore = readFileSync(B.logFile, 'utf8').length;
+      await create(name, B, { [RESTORE]: 'true' });
+      await waitReady(name);
+      assert.equal(await B.simulator.diskRead(`vk-${name}`), `marker-${name}`);
+      assert.equal(await wokenMessage(name), `cloned from vk-${name}:hibernate`);
+      assert.match(
+        readFileSync(B.logFile, 'utf8').slice(logBefore),
+        new RegExp(`cannot read node ${goNode}`),
+      );
+      assert.deepEqual(pusher.requests, [], 'the Go host was never asked');
+    } finally {
+      await pusher.close();
+      await fw.core.deleteNode({ name: goNode });
+    }
+    await remove(name);
+  });
+
+  test('a daemon that may read Nodes fetches over plain HTTP from the Node’s InternalIP at its own peer port', async () => {
+    const name = 'go-1';
+    const goNode = `go-${fw.namespace}-1`;
+    const pusher = await pushedByGo(name, goNode, `${fw.fleet.subnet}.99`);
+    // deploy/rbac-provider-identity.yaml lets a daemon read Nodes; a node identity may not read
+    // another Node on Kubernetes 1.32+.
+    await C.daemon.stop();
+    await C.restart(undefined, 'provider');
+    try {
+      const mark = C.simulator.calls().length;
+      await create(name, C, { [RESTORE]: 'true' });
+      await waitReady(name);
+      assert.equal(await C.simulator.diskRead(`vk-${name}`), `marker-${name}`);
+      const calls = callsSince(C, mark).map((c) => c.cmd);
+      assert.ok(
+        !calls.some((c) => c.startsWith('snapshot import')),
+        `no registry import: ${calls.join(' | ')}`,
+      );
+      assert.ok(
+        calls.some((c) => c.startsWith('vm clone') && c.includes('--from-dir')),
+        calls.join(' | '),
+      );
+      assert.equal(await wokenMessage(name), `cloned from peer ${goNode}`);
+      assert.ok(pusher.requests.includes('plan ok'), pusher.requests.join(', '));
+      assert.ok(pusher.requests.includes('slice ok'), pusher.requests.join(', '));
+    } finally {
+      await pusher.close();
+      await fw.core.deleteNode({ name: goNode });
+      await C.daemon.stop();
+      await C.restart();
+    }
+    await remove(name);
+  });
 });
 
 describe('snapshot CPU classes', () => {

@@ -1,4 +1,10 @@
-// A faulty peer for the fleet tests: a host's peer server seen through a TLS front that holds
+// Stand-in peers for the fleet tests, each serving a host's real snapshot store with a
+// PeerServer of the test's.
+//
+// A Go pusher (`goPusher`): plain HTTP on another loopback address at the fleet's peer port, as
+// a Go host serves; found, as Go finds it, through a Node object whose InternalIP is that address.
+//
+// A faulty peer (`faultyPeer`): a host's peer server seen through a TLS front that holds
 // the host's own peer certificate (so the pin our pushes stamp still matches) and forwards each
 // connection, byte for byte, to a PeerServer of the test's serving that host's snapshot store.
 // The front damages what the server sends after a slice request: `corrupt` flips the first body
@@ -9,7 +15,7 @@ import net from 'node:net';
 import { join } from 'node:path';
 import tls from 'node:tls';
 import type { FleetHost } from '../../ground/fleet.ts';
-import { PeerServer } from '../../src/peer/server.ts';
+import { type PeerResult, type PeerRoute, PeerServer } from '../../src/peer/server.ts';
 
 export type PeerFault = 'corrupt' | 'stall';
 
@@ -21,23 +27,57 @@ export interface FaultyPeer {
   close(): Promise<void>;
 }
 
-/** Starts the front on `host.ip` (a free port) for `host`'s snapshot `name`. */
-export async function faultyPeer(host: FleetHost, name: string, fault: PeerFault): Promise<FaultyPeer> {
+/** A PeerServer of the test's for `host`'s snapshot `name` (only that one is served). */
+async function servingHost(
+  host: FleetHost,
+  name: string,
+  o: { listen: { host: string; port: number }; requests?: (route: PeerRoute, result: PeerResult) => void },
+): Promise<{ server: PeerServer; tls: { cert: string; key: string } }> {
   const info = JSON.parse((await host.simulator.run(['snapshot', 'inspect', name])).stdout) as { id: string };
   const stateDir = join(host.simRoot, 'vk-state');
   const tlsPair = {
     cert: readFileSync(join(stateDir, 'peer.crt'), 'utf8'),
     key: readFileSync(join(stateDir, 'peer.key'), 'utf8'),
   };
-  const upstream = new PeerServer({
-    listen: { host: '127.0.0.1', port: 0 },
+  const server = new PeerServer({
+    listen: o.listen,
     tls: tlsPair,
     storeDir: host.snapshotDir,
     resolve: async (asked) => (asked === name ? { id: info.id } : 'absent'),
     authorize: async () => ({ ok: true, node: 'test' }),
     allowPlainHttp: true,
+    metrics: {
+      streamsInUse: () => {},
+      bytesServed: () => {},
+      request: (route, result) => o.requests?.(route, result),
+      refused: () => {},
+    },
   });
-  await upstream.start();
+  await server.start();
+  return { server, tls: tlsPair };
+}
+
+export interface GoPusher {
+  /** Requests served, as `<route> <result>`. */
+  requests: string[];
+  close(): Promise<void>;
+}
+
+/** Serves `host`'s snapshot `name` over plain HTTP on `ip:port`, as a Go host would. */
+export async function goPusher(host: FleetHost, name: string, ip: string, port: number): Promise<GoPusher> {
+  const requests: string[] = [];
+  const { server } = await servingHost(host, name, {
+    listen: { host: ip, port },
+    requests: (route, result) => requests.push(`${route} ${result}`),
+  });
+  return { requests, close: () => server.close() };
+}
+
+/** Starts the front on `host.ip` (a free port) for `host`'s snapshot `name`. */
+export async function faultyPeer(host: FleetHost, name: string, fault: PeerFault): Promise<FaultyPeer> {
+  const { server: upstream, tls: tlsPair } = await servingHost(host, name, {
+    listen: { host: '127.0.0.1', port: 0 },
+  });
   let damaged = 0;
   const sockets = new Set<net.Socket>();
   const front = tls.createServer(tlsPair, (client) => {
