@@ -114,21 +114,32 @@ export function exportEntryTitle(name: string): Decoded<string> {
 
 /**
  * `files[title]` of a tar entry: its permission bits, its size (the bytes of the entry, which
- * is the layer), and for a sparse file the PAX records `COCOON.sparse.map` /
- * `COCOON.sparse.size` copied verbatim (opaque strings; the pull writes them back as they are).
+ * is the layer), and for a sparse file the PAX records `COCOON.sparse.map` (a string, verbatim)
+ * and `COCOON.sparse.size` as a JSON number: cocoonstack's Go reader decodes `sparseSize` as an
+ * int64 and refuses the whole config when it finds the PAX text (docs/registry.md "Config
+ * blob"). A size that is not a decimal byte count refuses the export.
  */
 export function exportedFileInfo(
+  title: string,
   mode: number | undefined,
   size: number,
   pax: Readonly<Record<string, string>> | null | undefined,
-): SnapshotFileInfo {
-  const info: { mode?: number; size: number; sparseMap?: string; sparseSize?: string } =
+): Decoded<SnapshotFileInfo> {
+  const info: { mode?: number; size: number; sparseMap?: string; sparseSize?: number } =
     mode !== undefined ? { mode: mode & 0o7777, size } : { size };
   const map = pax?.[SPARSE_MAP_PAX];
   const sparseSize = pax?.[SPARSE_SIZE_PAX];
   if (map !== undefined) info.sparseMap = map;
-  if (sparseSize !== undefined) info.sparseSize = sparseSize;
-  return info;
+  if (sparseSize !== undefined) {
+    const n = /^\d{1,16}$/.test(sparseSize) ? Number(sparseSize) : Number.NaN;
+    if (!Number.isSafeInteger(n))
+      return {
+        ok: false,
+        error: `export entry ${JSON.stringify(title)}: ${SPARSE_SIZE_PAX} ${JSON.stringify(sparseSize.slice(0, 40))} is not a byte count`,
+      };
+    info.sparseSize = n;
+  }
+  return { ok: true, value: info };
 }
 
 /** Envelope keys with a fixed place and name in the config blob (snake_case ⇒ camelCase). */

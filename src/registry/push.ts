@@ -464,13 +464,20 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
         digest = hashing.digest();
         size = hashing.size;
       }
+      const info = exportedFileInfo(
+        title.value,
+        h.mode,
+        size,
+        h.pax as Record<string, string> | null | undefined,
+      );
+      if (!info.ok) throw new ExportFormatError(`export tar: ${info.error}`);
       const layer: SpooledLayer = {
         title: title.value,
         mediaType: layerMediaType(title.value),
         digest,
         size,
         file,
-        info: exportedFileInfo(h.mode, size, h.pax as Record<string, string> | null | undefined),
+        info: info.value,
       };
       layers.push(layer);
       if (!streamed) o.uploader.add(layer, key);

@@ -37,6 +37,7 @@ import {
   SnapshotPushError,
 } from '../../src/registry/push.ts';
 import { parseReference } from '../../src/registry/reference.ts';
+import { goConfigProblems } from './go-config-schema.ts';
 import { RegistryProxy } from './registry-proxy.ts';
 
 const run = promisify(execFile);
@@ -205,6 +206,7 @@ describe("push to the ground's registry (real), checked with crane", () => {
 
     const configBytes = await craneBytes('config', ref);
     assert.equal(sha(configBytes), manifest.value.config.digest);
+    assert.deepEqual(goConfigProblems(configBytes), [], 'cocoonstack’s Go reader decodes it');
     const config = parseSnapshotConfig(configBytes, manifest.value);
     assert.ok(config.ok, config.ok ? '' : config.error);
     const c = config.value;
@@ -223,9 +225,10 @@ describe("push to the ground's registry (real), checked with crane", () => {
     ]);
     assert.equal(c.files['memory-range-0']?.size, 2_500_000);
     assert.equal(typeof c.files['memory-range-0']?.mode, 'number');
-    // The all-hole disk: no data, its apparent size in the sparse records, copied verbatim.
+    // The all-hole disk: no data, its apparent size in the sparse records (the map verbatim,
+    // the size a JSON number, as Go's reader decodes it).
     const cow = c.files['cow.raw'];
-    assert.equal(cow?.sparseSize, String(20 * 2 ** 30));
+    assert.equal(cow?.sparseSize, 20 * 2 ** 30);
     assert.equal(typeof cow?.sparseMap, 'string');
 
     // Every blob, fetched by crane, hashes to its descriptor.
@@ -716,11 +719,11 @@ describe('export failures (a scripted cocoon export)', () => {
     script(0);
     const r = await push('sparse');
     assert.equal(r.snapshotId, 'ZXCVBNMASDFGHJKLQWERTYUIO2');
-    const config = JSON.parse(
-      (await craneBytes('config', `${g.registry.hostPort}/cocoon/vk-push-c:sparse`)).toString(),
-    );
+    const configBytes = await craneBytes('config', `${g.registry.hostPort}/cocoon/vk-push-c:sparse`);
+    assert.deepEqual(goConfigProblems(configBytes), []);
+    const config = JSON.parse(configBytes.toString());
     assert.deepEqual(config.files, {
-      'disk.raw': { mode: 0o600, size: 8192, sparseMap: map, sparseSize: '1073741824' },
+      'disk.raw': { mode: 0o600, size: 8192, sparseMap: map, sparseSize: 1073741824 },
       'state.json': { mode: 0o640, size: 2 },
     });
     assert.equal(config.hypervisor, 'firecracker');

@@ -171,17 +171,34 @@ describe('exportEntryTitle and exportedFileInfo', () => {
     }
   });
 
-  it('keeps the permission bits, the size and the COCOON.sparse.* records verbatim', () => {
-    assert.deepEqual(exportedFileInfo(0o100644, 12, null), { mode: 0o644, size: 12 });
-    assert.deepEqual(exportedFileInfo(undefined, 0, {}), { size: 0 });
-    assert.deepEqual(
-      exportedFileInfo(0o640, 4096, {
-        'COCOON.sparse.map': '[{"offset":0,"length":4096}]',
-        'COCOON.sparse.size': '21474836480',
-        mtime: '1.5',
-      }),
-      { mode: 0o640, size: 4096, sparseMap: '[{"offset":0,"length":4096}]', sparseSize: '21474836480' },
-    );
+  it('keeps the permission bits, the size, the sparse map verbatim and the sparse size as a JSON number', () => {
+    assert.deepEqual(exportedFileInfo('a', 0o100644, 12, null), {
+      ok: true,
+      value: { mode: 0o644, size: 12 },
+    });
+    assert.deepEqual(exportedFileInfo('a', undefined, 0, {}), { ok: true, value: { size: 0 } });
+    const info = exportedFileInfo('cow.raw', 0o640, 4096, {
+      'COCOON.sparse.map': '[{"offset":0,"length":4096}]',
+      'COCOON.sparse.size': '21474836480',
+      mtime: '1.5',
+    });
+    assert.deepEqual(info, {
+      ok: true,
+      value: { mode: 0o640, size: 4096, sparseMap: '[{"offset":0,"length":4096}]', sparseSize: 21474836480 },
+    });
+    // What cocoonstack's Go reader decodes: `"sparseSize":21474836480`, never the PAX text.
+    assert.match(JSON.stringify(info.ok && info.value), /"sparseSize":21474836480[,}]/);
+  });
+
+  it('refuses a sparse size that is not a decimal byte count, naming the entry', () => {
+    for (const bad of ['', '-1', '1e9', ' 12', '0x10', '99999999999999999', '12a']) {
+      const r = exportedFileInfo('cow.raw', 0o640, 1, { 'COCOON.sparse.size': bad });
+      assert.equal(r.ok, false, bad);
+      assert.match(
+        r.ok ? '' : r.error,
+        /export entry "cow\.raw": COCOON\.sparse\.size .* is not a byte count/,
+      );
+    }
   });
 });
 
