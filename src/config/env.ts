@@ -132,7 +132,8 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   {
     name: 'GOOGLE_APPLICATION_CREDENTIALS',
     default: '(unset)',
-    meaning: 'service-account key for registry pushes',
+    meaning:
+      'not supported yet: set, it refuses the startup (registry credentials come from the docker config)',
   },
   {
     name: 'VK_LEASES_PATH',
@@ -296,8 +297,23 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   { name: 'SNAPSHOT_TRANSFER_CONCURRENCY', default: '8', meaning: 'parallel registry blob transfers' },
   { name: 'SNAPSHOT_MEMORY_BUDGET_MIB', default: '9216', meaning: 'push buffering cap' },
   { name: 'SNAPSHOT_PULL_BUDGET_MIB', default: '2048', meaning: 'pull buffering cap' },
-  { name: 'SNAPSHOT_ZSTD_LEVEL', default: '0', meaning: 'v2 snapshot writer (later tier; 0 keeps v1)' },
-  { name: 'SNAPSHOT_CHUNK_SIZE_MIB', default: '0', meaning: 'v2 snapshot chunking (later tier; 0 keeps v1)' },
+  {
+    name: 'SNAPSHOT_ZSTD_LEVEL',
+    default: '0',
+    meaning: 'v2 snapshot writer: not written yet, so only 0 (v1) starts',
+  },
+  {
+    name: 'SNAPSHOT_CHUNK_SIZE_MIB',
+    default: '0',
+    meaning: 'v2 snapshot chunking: not written yet, so only 0 (v1) starts',
+  },
+  ...['EPOCH_URL', 'EPOCH_TOKEN', 'EPOCH_CA_CERT'].map((name) => ({
+    name,
+    default: '(unset)',
+    meaning:
+      'the Go daemon v0.2.9 registry setting: not read; set, it refuses the startup naming what to set instead',
+  })),
+
   {
     name: 'VK_SNAPSHOT_CPU_CLASS',
     default: '(unset)',
@@ -331,12 +347,48 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   ...PEER_ENV_DOCS,
 ];
 
-const LATER_TIER = [
-  'VK_COCOON_MACOS_BIN',
-  'COCOON_MACOS_VNC_PASSWORD',
-  'SNAPSHOT_ZSTD_LEVEL',
-  'SNAPSHOT_CHUNK_SIZE_MIB',
-] as const;
+const LATER_TIER = ['VK_COCOON_MACOS_BIN', 'COCOON_MACOS_VNC_PASSWORD'] as const;
+
+/**
+ * Settings a host may carry that this build cannot honour: set, each refuses the startup with
+ * what to do instead (never a quiet fallback that loses a user's state or credentials).
+ */
+const REFUSED: readonly { name: string; refused: (value: string) => string | undefined }[] = [
+  {
+    name: 'GOOGLE_APPLICATION_CREDENTIALS',
+    refused: () =>
+      'Google application default credentials are not supported yet: put the registry credentials in the docker config (DOCKER_CONFIG) and unset it',
+  },
+  {
+    name: 'SNAPSHOT_ZSTD_LEVEL',
+    refused: (v) =>
+      v.trim() === '0'
+        ? undefined
+        : 'asks for the v2 snapshot format, which this build does not write yet: set 0 or unset it (v1)',
+  },
+  {
+    name: 'SNAPSHOT_CHUNK_SIZE_MIB',
+    refused: (v) =>
+      v.trim() === '0'
+        ? undefined
+        : 'asks for the v2 snapshot format, which this build does not write yet: set 0 or unset it (v1)',
+  },
+  {
+    name: 'EPOCH_URL',
+    refused: () =>
+      "is the Go daemon v0.2.9's registry setting and is not read: set OCI_REGISTRY=<host[:port][/path]> instead",
+  },
+  {
+    name: 'EPOCH_TOKEN',
+    refused: () =>
+      "is the Go daemon v0.2.9's registry setting and is not read: put the registry's credentials in the docker config (DOCKER_CONFIG, `auths`) instead",
+  },
+  {
+    name: 'EPOCH_CA_CERT',
+    refused: () =>
+      "is the Go daemon v0.2.9's registry setting and is not read: add the CA with NODE_EXTRA_CA_CERTS=<PEM file> instead",
+  },
+];
 
 export class ConfigError extends Error {
   override name = 'ConfigError';
@@ -539,6 +591,11 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     peer,
     ignoredLaterTier: LATER_TIER.filter((n) => optional(n) !== undefined),
   };
+  for (const r of REFUSED) {
+    const value = env[r.name];
+    const why = value === undefined || value === '' ? undefined : r.refused(value);
+    if (why) problems.push(`${r.name}: ${why}`);
+  }
   if (problems.length > 0) {
     throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
   }

@@ -61,21 +61,15 @@ export async function lookupCredential(
 /**
  * The credential sources of the provider, in the order of docs/registry.md "Authentication":
  *
- * 1. Google Application Default Credentials — **not implemented in this tier**. The hook is
- *    this list: a future `googleAdcSource()` returning `{username: 'oauth2accesstoken',
- *    password: <access token>}` (refreshed before expiry) goes first. Until then a set
- *    `GOOGLE_APPLICATION_CREDENTIALS` is reported once so nobody wonders why it is unused.
+ * 1. Google Application Default Credentials — **not implemented yet**. The hook is this list: a
+ *    future `googleAdcSource()` returning `{username: 'oauth2accesstoken', password: <access
+ *    token>}` (refreshed before expiry) goes first. Until then a set
+ *    `GOOGLE_APPLICATION_CREDENTIALS` refuses the daemon's startup (src/config/env.ts).
  * 2. The docker config file.
  */
 export function defaultCredentialSources(
   env: NodeJS.ProcessEnv = process.env,
   log?: Logger,
 ): CredentialSource[] {
-  if (env.GOOGLE_APPLICATION_CREDENTIALS) {
-    log?.warn(
-      { GOOGLE_APPLICATION_CREDENTIALS: env.GOOGLE_APPLICATION_CREDENTIALS },
-      'Google Application Default Credentials are not supported yet; using the docker config only',
-    );
-  }
   return [dockerConfigSource(env, log)];
 }

@@ -65,8 +65,37 @@ test('every problem is reported at once', () => {
 });
 
 test('later-tier variables are accepted and listed for the startup log', () => {
-  const c = loadConfig({ SNAPSHOT_ZSTD_LEVEL: '3', VK_STAGING_DIR: '/tmp/x' });
-  assert.deepEqual(c.ignoredLaterTier.sort(), ['SNAPSHOT_ZSTD_LEVEL']);
+  const c = loadConfig({ VK_COCOON_MACOS_BIN: '/opt/cocoon-macos', VK_STAGING_DIR: '/tmp/x' });
+  assert.deepEqual(c.ignoredLaterTier.sort(), ['VK_COCOON_MACOS_BIN']);
+});
+
+test('settings this build cannot honour refuse the startup, each naming what to set instead', () => {
+  const refused = (env: Record<string, string>) => {
+    try {
+      loadConfig(env);
+      return '';
+    } catch (err) {
+      assert.ok(err instanceof ConfigError);
+      return err.message;
+    }
+  };
+  assert.match(
+    refused({ SNAPSHOT_ZSTD_LEVEL: '3' }),
+    /SNAPSHOT_ZSTD_LEVEL: asks for the v2 snapshot format.*set 0 or unset/,
+  );
+  assert.match(
+    refused({ SNAPSHOT_CHUNK_SIZE_MIB: '64' }),
+    /SNAPSHOT_CHUNK_SIZE_MIB: asks for the v2 snapshot format/,
+  );
+  assert.match(refused({ EPOCH_URL: 'https://epoch.example' }), /EPOCH_URL: .*set OCI_REGISTRY=/);
+  assert.match(refused({ EPOCH_TOKEN: 't' }), /EPOCH_TOKEN: .*docker config/);
+  assert.match(refused({ EPOCH_CA_CERT: '/etc/ca.pem' }), /EPOCH_CA_CERT: .*NODE_EXTRA_CA_CERTS=/);
+  assert.match(
+    refused({ GOOGLE_APPLICATION_CREDENTIALS: '/k.json' }),
+    /GOOGLE_APPLICATION_CREDENTIALS: .*not supported yet/,
+  );
+  // 0 (or empty) is v1 and the Go daemon's own default: accepted.
+  assert.equal(refused({ SNAPSHOT_ZSTD_LEVEL: '0', SNAPSHOT_CHUNK_SIZE_MIB: '0', EPOCH_URL: '' }), '');
 });
 
 test('peer settings: defaults like the Go daemon, empty VK_PEER_ADDR disables, bad values named', () => {
