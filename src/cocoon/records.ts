@@ -240,10 +240,16 @@ export function parseSnapshotRecord(stdout: string): Decoded<SnapshotRecord> {
   return json.ok ? decodeSnapshotRecord(json.value) : json;
 }
 
-/** Parses the stdout of `snapshot list -o json` (empty output and `null` mean empty). */
+/** The plain line cocoon prints for an empty `snapshot list`. */
+export const NO_SNAPSHOTS_FOUND = 'No snapshots found.';
+
+/**
+ * Parses the stdout of `snapshot list -o json`: empty output, `[]`, `null` and the plain line
+ * `No snapshots found.` all mean an empty list (docs/contracts/cocoon-cli.md "Snapshot list").
+ */
 export function parseSnapshotList(stdout: string): Decoded<readonly SnapshotRecord[]> {
   const trimmed = stdout.trim();
-  if (trimmed === '') return { ok: true, value: [] };
+  if (trimmed === '' || trimmed === NO_SNAPSHOTS_FOUND) return { ok: true, value: [] };
   const json = parseJson('snapshot list', trimmed);
   if (!json.ok) return json;
   return decodeWith('snapshot list', v.nullish(v.array(SnapshotSchema), []), json.value, (list) =>

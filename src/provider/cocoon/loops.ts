@@ -54,6 +54,7 @@ export class Loops {
   start(): void {
     const ctx = this.#ctx;
     this.#tick = setInterval(() => {
+      this.#watchLeases(false);
       for (const key of ctx.pods.keys()) this.reconcileSoon(key);
       if (ctx.keptEvicted.size > 0)
         void sweepKeptEvicted(ctx).catch((err: unknown) =>
@@ -61,19 +62,33 @@ export class Loops {
         );
     }, ctx.config.reconcileIntervalSeconds * 1000);
     this.#tick.unref();
+    this.#watchLeases(true);
+  }
+
+  /** Watches the lease file's directory; until that works (cocoon-net has not made it yet, or
+   * it went away) the 1 s poll serves and each lifecycle tick tries again. Warned once. */
+  #watchLeases(warn: boolean): void {
+    const ctx = this.#ctx;
+    if (this.#leaseWatch || this.#stopped) return;
     try {
       const file = ctx.leases.path;
-      this.#leaseWatch = watchFs(dirname(file), { persistent: false }, (_ev, name) => {
+      const watcher = watchFs(dirname(file), { persistent: false }, (_ev, name) => {
         if (name && !file.endsWith(String(name))) return;
         clearTimeout(this.#leaseDebounce);
         this.#leaseDebounce = setTimeout(() => this.#onLeaseChange(), 20);
       });
-      this.#leaseWatch.on('error', () => {});
+      watcher.on('error', () => {
+        watcher.close();
+        if (this.#leaseWatch === watcher) this.#leaseWatch = undefined;
+      });
+      this.#leaseWatch = watcher;
+      if (!warn) ctx.log.info({ path: file }, 'watching the lease file directory');
     } catch (err) {
-      ctx.log.warn(
-        { err: String(err), path: ctx.leases.path },
-        'cannot watch the lease file directory; relying on polling',
-      );
+      if (warn)
+        ctx.log.warn(
+          { err: String(err), path: ctx.leases.path },
+          'cannot watch the lease file directory; polling it every second and retrying the watch on each tick',
+        );
     }
   }
 

@@ -201,9 +201,10 @@ describe('snapshot records (cocoon-cli.md §3.2)', () => {
     assert.deepEqual(result.value.imageBlobIds, []);
   });
 
-  it('lists: empty output and null are empty', () => {
-    assert.deepEqual(parseSnapshotList(''), { ok: true, value: [] });
-    assert.deepEqual(parseSnapshotList('null'), { ok: true, value: [] });
+  it('lists: empty output, [], null and cocoon\'s "No snapshots found." line are empty', () => {
+    for (const empty of ['', '[]', 'null', 'No snapshots found.\n'])
+      assert.deepEqual(parseSnapshotList(empty), { ok: true, value: [] }, JSON.stringify(empty));
+    assert.equal(parseSnapshotList('No VMs found.').ok, false, 'the VM line is not a snapshot list');
     const list = parseSnapshotList(`[${SNAPSHOT}]`);
     assert.ok(list.ok);
     assert.equal(list.value[0]?.name, 'acme/agent:v3');
