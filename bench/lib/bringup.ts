@@ -78,22 +78,22 @@ function ready(tracker: PodTracker, names: readonly string[]): number {
   return n;
 }
 
-/** Creates the pods, at most `concurrency` requests in flight, retrying 429 and 5xx. */
-async function createPods(env: DaemonEnv, tracker: PodTracker, names: string[], prefix: string) {
-  const concurrency = 50;
+/**
+ * Runs `create` for every item, at most `concurrency` at once, retrying an answer of 429 or 5xx
+ * up to 5 attempts (200 ms × attempt apart); `created(item)` after each success.
+ */
+export async function createEach<T>(
+  items: readonly T[],
+  create: (item: T) => Promise<unknown>,
+  created: (item: T) => void,
+  concurrency = 50,
+): Promise<void> {
   let next = 0;
-  const one = async (name: string, i: number) => {
+  const one = async (item: T) => {
     for (let attempt = 1; ; attempt++) {
       try {
-        await env.core.createNamespacedPod({
-          namespace: env.ns,
-          body: vmPod(name, env.nodeName, {
-            'vm.cocoonstack.io/name': `vk-${prefix}-${i}`,
-            'cocoonset.cocoonstack.io/image': env.image,
-            'cocoonset.cocoonstack.io/managed': 'true',
-          }),
-        });
-        tracker.view(name).createdAt = Date.now();
+        await create(item);
+        created(item);
         return;
       } catch (err) {
         const code = (err as { code?: number }).code ?? 0;
@@ -103,12 +103,28 @@ async function createPods(env: DaemonEnv, tracker: PodTracker, names: string[], 
     }
   };
   await Promise.all(
-    Array.from({ length: Math.min(concurrency, names.length) }, async () => {
-      while (next < names.length) {
-        const i = next++;
-        await one(names[i] as string, i);
-      }
+    Array.from({ length: Math.min(concurrency, items.length) }, async () => {
+      while (next < items.length) await one(items[next++] as T);
     }),
+  );
+}
+
+/** Creates the bench's clone pods on the env's node (createEach). */
+async function createPods(env: DaemonEnv, tracker: PodTracker, names: string[], prefix: string) {
+  await createEach(
+    names.map((name, i) => ({ name, i })),
+    ({ name, i }) =>
+      env.core.createNamespacedPod({
+        namespace: env.ns,
+        body: vmPod(name, env.nodeName, {
+          'vm.cocoonstack.io/name': `vk-${prefix}-${i}`,
+          'cocoonset.cocoonstack.io/image': env.image,
+          'cocoonset.cocoonstack.io/managed': 'true',
+        }),
+      }),
+    ({ name }) => {
+      tracker.view(name).createdAt = Date.now();
+    },
   );
 }
 

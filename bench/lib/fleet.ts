@@ -6,25 +6,15 @@
 // on a signal here; the run's PID registry (ground/proc.ts) catches whatever is left.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { type Fleet, type FleetHost, startFleet, stopFleet } from '../../ground/fleet.ts';
 import type { Ground } from '../../ground/ground.ts';
 import { adminClients, newNamespace, vmPod } from '../../ground/kube.ts';
 import type { Knobs } from '../../sim/client.ts';
-import type { Bench } from './harness.ts';
+import { createEach } from './bringup.ts';
+import { type Bench, PASS_THROUGH } from './harness.ts';
 import { cpuTimes, memOf, RssSampler } from './procfs.ts';
 import type { PodTracker, PodView } from './watchers.ts';
-
-/** Daemon settings a bench run passes through from its own environment (as bench/lib/harness.ts). */
-const PASS_THROUGH = [
-  'VK_KUBE_QPS',
-  'VK_KUBE_BURST',
-  'VK_KUBE_EVENT_QPS',
-  'VK_KUBE_EVENT_BURST',
-  'VK_RECONCILE_INTERVAL_SECONDS',
-  'VK_READY_DEADLINE_SECONDS',
-];
 
 /** The clone source of every fleet pod: a fixture snapshot in each host's simulator. */
 export const FLEET_IMAGE = 'bench/base';
@@ -116,44 +106,28 @@ export function fleetPods(hosts: readonly FleetHost[], perHost: number): PodSpec
   return out;
 }
 
-/**
- * Creates the pods, at most `concurrency` requests in flight, retrying 429 and 5xx (as
- * bench/lib/bringup.ts does for one host); records each create's answer in the tracker.
- */
+/** Creates the pods (bench/lib/bringup.ts createEach); records each create's answer in the tracker. */
 export async function createFleetPods(
   bf: BenchFleet,
   tracker: PodTracker,
   pods: readonly PodSpec[],
   concurrency = 50,
 ): Promise<void> {
-  let next = 0;
-  const one = async (p: PodSpec) => {
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await bf.core.createNamespacedPod({
-          namespace: bf.ns,
-          body: vmPod(p.name, p.node, {
-            'vm.cocoonstack.io/name': p.vmName,
-            'cocoonset.cocoonstack.io/image': FLEET_IMAGE,
-            'cocoonset.cocoonstack.io/managed': 'true',
-          }),
-        });
-        tracker.view(p.name).createdAt = Date.now();
-        return;
-      } catch (err) {
-        const code = (err as { code?: number }).code ?? 0;
-        if (attempt >= 5 || !(code === 429 || code >= 500)) throw err;
-        await sleep(200 * attempt);
-      }
-    }
-  };
-  await Promise.all(
-    Array.from({ length: Math.min(concurrency, pods.length) }, async () => {
-      while (next < pods.length) {
-        const p = pods[next++] as PodSpec;
-        await one(p);
-      }
-    }),
+  await createEach(
+    pods,
+    (p) =>
+      bf.core.createNamespacedPod({
+        namespace: bf.ns,
+        body: vmPod(p.name, p.node, {
+          'vm.cocoonstack.io/name': p.vmName,
+          'cocoonset.cocoonstack.io/image': FLEET_IMAGE,
+          'cocoonset.cocoonstack.io/managed': 'true',
+        }),
+      }),
+    (p) => {
+      tracker.view(p.name).createdAt = Date.now();
+    },
+    concurrency,
   );
 }
 

@@ -18,7 +18,7 @@ import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { AuditTail } from './audit.ts';
 
 /** Daemon settings a bench run passes through from its own environment. */
-const PASS_THROUGH = [
+export const PASS_THROUGH = [
   'VK_KUBE_QPS',
   'VK_KUBE_BURST',
   'VK_KUBE_EVENT_QPS',
