@@ -4,6 +4,7 @@
 // presence and its value (an exact string) are checked.
 import type { FileHandle } from 'node:fs/promises';
 import type http from 'node:http';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { TokenBucket } from './gate.ts';
 import { get, PeerRestoreError, readSome, StallTimer } from './transport.ts';
 import { CRC_TRAILER, crc32cHex, crc32cUpdate, type Extent, WRITE_BUFFER, ZERO_CHUNK } from './wire.ts';
@@ -50,12 +51,18 @@ export class SectionWriter {
   }
 
   async write(chunk: Buffer): Promise<void> {
-    for (let at = 0; at < chunk.length; ) {
-      const n = chunk.copy(this.#buf, this.#used, at);
-      this.#used += n;
-      at += n;
-      if (this.#used === this.#buf.length) await this.flush();
-    }
+    await this.append(chunk);
+  }
+
+  /**
+   * Copies `chunk` in; `undefined` when that was all (the common case: no promise, no tick), a
+   * promise when the buffer filled and had to be written out first (the rest follows it).
+   */
+  append(chunk: Buffer): Promise<void> | undefined {
+    const n = chunk.copy(this.#buf, this.#used);
+    this.#used += n;
+    if (this.#used < this.#buf.length) return undefined;
+    return this.flush().then(() => (n < chunk.length ? this.append(chunk.subarray(n)) : undefined));
   }
 
   async flush(): Promise<void> {
@@ -118,20 +125,59 @@ export async function fetchSlice(f: SliceFetch): Promise<number> {
     const stall = new StallTimer(f.stallMs, () =>
       res.destroy(new PeerRestoreError('stall', `slice ${f.what}: no body bytes for ${f.stallMs} ms`)),
     );
+    // Flowing mode, not `for await`: a TLS body arrives in 16 KiB records, and an async iterator
+    // costs a promise and several ticks per record (most of the client's CPU in bench/peer-wake.ts).
+    // Each record is copied into the writer synchronously; the response is paused only while the
+    // writer flushes a full buffer or the bandwidth bound makes it wait.
     try {
-      for await (const chunk of res as AsyncIterable<Buffer>) {
-        stall.pause();
-        got += chunk.length;
-        if (got > length)
-          throw new PeerRestoreError('transfer', `slice ${f.what}: got ${got} bytes, want ${length}`);
-        crc = crc32cUpdate(crc, chunk);
-        await f.writer.write(chunk);
-        f.onBytes?.(chunk.length);
-        await f.bucket.take(chunk.length, f.signal);
-        stall.kick();
-      }
-      stall.pause();
-      await f.writer.flush();
+      await new Promise<void>((resolve, reject) => {
+        let waiting: Promise<unknown> | undefined;
+        let failed = false;
+        const fail = (err: unknown) => {
+          if (failed) return;
+          failed = true;
+          res.destroy();
+          reject(err);
+        };
+        res.on('data', (chunk: Buffer) => {
+          if (failed) return;
+          got += chunk.length;
+          if (got > length)
+            return fail(
+              new PeerRestoreError('transfer', `slice ${f.what}: got ${got} bytes, want ${length}`),
+            );
+          crc = crc32cUpdate(crc, chunk);
+          f.onBytes?.(chunk.length);
+          const flushing = f.writer.append(chunk);
+          const wait = f.bucket.reserve(chunk.length);
+          if (!flushing && wait <= 0) return void stall.kick();
+          stall.pause();
+          res.pause();
+          waiting = Promise.all([
+            flushing,
+            wait > 0 ? sleep(wait, undefined, { signal: f.signal }) : undefined,
+          ]).then(() => {
+            waiting = undefined;
+            if (failed) return;
+            stall.kick();
+            res.resume();
+          }, fail);
+        });
+        res.once('end', () => {
+          void (async () => {
+            await waiting;
+            stall.pause();
+            await f.writer.flush();
+          })().then(() => {
+            if (!failed) resolve();
+          }, fail);
+        });
+        res.once('error', fail);
+        res.once('close', () => {
+          if (!res.complete)
+            fail(new PeerRestoreError('transfer', `slice ${f.what}: the peer closed the body early`));
+        });
+      });
     } finally {
       stall.stop();
     }
