@@ -49,6 +49,13 @@ const GiB = 2 ** 30;
 const MiB = 2 ** 20;
 const EXTENT = 16 * MiB;
 const PEER_HOST = '127.0.0.2';
+
+/** This machine's first non-loopback IPv4 address, if any. */
+function nonLoopbackIpv4(): string | undefined {
+  for (const list of Object.values(os.networkInterfaces()))
+    for (const a of list ?? []) if (a.family === 'IPv4' && !a.internal) return a.address;
+  return undefined;
+}
 const IMAGE = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
 const repoRoot = path.resolve(import.meta.dirname, '..');
 /** The daemon's own V8 flags (bin/vk-cocoon), so memory, GC and JIT are the daemon's. */
@@ -265,8 +272,29 @@ bench.run(async () => {
   const runs = envInt('VK_BENCH_RUNS', 1);
   const plainToo = process.env.VK_BENCH_PEER_PLAIN === '1';
   const kindsRun: Row['path'][] = plainToo ? ['registry', 'peer', 'peer-plain'] : ['registry', 'peer'];
-  bench.log('starting the distribution registry');
-  const reg = await startRegistry(path.join(bench.dir, 'registry'), { kind: 'distribution' });
+  // A production registry speaks HTTPS: the registry wake pays TLS as the peer wake does. The
+  // registry client treats loopback as plain HTTP, so the TLS registry listens on this machine's
+  // first non-loopback IPv4 address (its self-signed certificate trusted by the transfer processes
+  // through NODE_EXTRA_CA_CERTS); without one, or with VK_BENCH_REGISTRY_PLAIN=1, plain HTTP on
+  // loopback.
+  const regHost = process.env.VK_BENCH_REGISTRY_PLAIN === '1' ? undefined : nonLoopbackIpv4();
+  let regTls: { host: string; certFile: string; keyFile: string } | undefined;
+  if (regHost) {
+    const certFile = path.join(bench.dir, 'registry.crt');
+    const keyFile = path.join(bench.dir, 'registry.key');
+    const made = await loadOrCreateServingCert(certFile, keyFile, {
+      dns: ['bench-registry'],
+      ips: [regHost],
+    });
+    fs.writeFileSync(certFile, made.cert);
+    fs.writeFileSync(keyFile, made.key, { mode: 0o600 });
+    regTls = { host: regHost, certFile, keyFile };
+  }
+  bench.log(
+    `starting the distribution registry (${regTls ? `HTTPS on ${regTls.host}` : 'plain HTTP on loopback'})`,
+  );
+  const reg = await startRegistry(path.join(bench.dir, 'registry'), { kind: 'distribution', tls: regTls });
+  const trust: Record<string, string> = regTls ? { NODE_EXTRA_CA_CERTS: regTls.certFile } : {};
   const sims = new Set<SimRoot>();
   let server: Awaited<ReturnType<typeof startPeerServer>> | undefined;
   const rows: Row[] = [];
@@ -316,7 +344,7 @@ bench.run(async () => {
           baseImage: IMAGE,
           spoolDir: bench.dir,
         },
-        simA.env(),
+        { ...simA.env(), ...trust },
       );
       const payload = push.bytes;
       pushes.push(
@@ -383,7 +411,7 @@ bench.run(async () => {
                   pinSha256: tls ? pin : undefined,
                   stagingRoot,
                 },
-            simB.env(),
+            { ...simB.env(), ...trust },
           ),
         );
         const row = {
@@ -441,7 +469,7 @@ bench.run(async () => {
     console.log('');
     for (const l of machineLines(undefined, bench)) console.log(l);
     console.log(
-      `registry: ${reg.version} on loopback, filesystem storage under ${os.tmpdir()}; ` +
+      `registry: ${reg.version} ${regTls ? `over HTTPS on ${regTls.host}` : 'over plain HTTP on loopback'}, filesystem storage under ${os.tmpdir()}; ` +
         `peer server: PeerServer on ${PEER_HOST}, TLS (self-signed, pinned), every caller authorized`,
     );
     for (const l of pushes) console.log(`hibernate ${l}`);

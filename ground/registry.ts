@@ -12,7 +12,7 @@
 import { existsSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from './cluster.ts';
-import { freePort, isAlive, run, startProcess, stopPid, waitFor } from './proc.ts';
+import { freePort, httpsGet, isAlive, run, startProcess, stopPid, waitFor } from './proc.ts';
 
 export type RegistryKind = 'distribution' | 'docker-registry';
 export const REGISTRY_KINDS: readonly RegistryKind[] = ['distribution', 'docker-registry'];
@@ -50,6 +50,12 @@ export interface RegistryOptions {
   kind?: RegistryKind;
   /** Detached children survive the parent (used by `npm run cluster -- up`). */
   detached?: boolean;
+  /**
+   * Serve HTTPS on `host` (an address the registry client does not treat as loopback, so it
+   * speaks TLS to it, as to a production registry) with this PEM pair; clients trust `certFile`
+   * through NODE_EXTRA_CA_CERTS. Default: plain HTTP on 127.0.0.1.
+   */
+  tls?: { host: string; certFile: string; keyFile: string };
 }
 
 /** The distribution v3 executable: VK_DISTRIBUTION_BIN (scripts/test.sh), else built or found
@@ -84,8 +90,9 @@ export async function startRegistry(dir: string, opts: RegistryOptions = {}): Pr
       `  filesystem: {rootdirectory: ${join(dir, 'storage')}}`,
       '  delete: {enabled: true}',
       'http:',
-      `  addr: 127.0.0.1:${port}`,
+      `  addr: ${opts.tls?.host ?? '127.0.0.1'}:${port}`,
       '  secret: test-only-secret',
+      ...(opts.tls ? [`  tls: {certificate: ${opts.tls.certFile}, key: ${opts.tls.keyFile}}`] : []),
       '',
     ].join('\n'),
   );
@@ -98,17 +105,20 @@ export async function startRegistry(dir: string, opts: RegistryOptions = {}): Pr
     env: kind === 'distribution' ? { ...process.env, OTEL_TRACES_EXPORTER: 'none' } : undefined,
   });
   const pid = child.pid ?? 0;
-  const url = `http://127.0.0.1:${port}`;
+  const hostPort = `${opts.tls?.host ?? '127.0.0.1'}:${port}`;
+  const url = `${opts.tls ? 'https' : 'http'}://${hostPort}`;
   await waitFor(
     `${kind} registry /v2/`,
     async () => {
       if (!isAlive(pid)) throw new Error(`${bin} exited; see ${logFile}`);
-      return (await fetch(`${url}/v2/`)).status === 200;
+      return opts.tls
+        ? (await httpsGet(`${url}/v2/`)).status === 200
+        : (await fetch(`${url}/v2/`)).status === 200;
     },
     30_000,
   );
   const version = (await versionOf(bin)) || kind;
-  return { kind, version, bin, dir, port, pid, hostPort: `127.0.0.1:${port}`, url };
+  return { kind, version, bin, dir, port, pid, hostPort, url };
 }
 
 export async function stopRegistry(r: RegistryState): Promise<void> {
