@@ -74,6 +74,7 @@ export async function startDaemon(o: DaemonOptions): Promise<Daemon> {
 async function startDaemonOnce(o: DaemonOptions): Promise<Daemon> {
   const nodeIp = o.nodeIp ?? '127.0.0.1';
   const logStart = existsSync(o.logFile) ? statSync(o.logFile).size : 0;
+  let listening = false;
   const kubeletPort = o.kubeletPort ?? (await freePort());
   const metricsPort = await freePort();
   // A peer server of its own (the default :12501 is one port for every daemon of a run).
@@ -143,7 +144,8 @@ async function startDaemonOnce(o: DaemonOptions): Promise<Daemon> {
         // The daemon's own word first: a kubelet API of another daemon of this machine that
         // listens on every interface answers on this node IP too (two daemons of a fleet once
         // drew one port; the second never served and the first answered its health check).
-        if (!readFileSync(o.logFile, 'utf8').slice(logStart).includes('"kubelet API listening')) return false;
+        listening ||= readFileSync(o.logFile, 'utf8').slice(logStart).includes('"kubelet API listening');
+        if (!listening) return false;
         const res = await httpsGet(`https://${nodeIp}:${kubeletPort}/healthz`).catch(() => undefined);
         return res?.status === 200;
       },

@@ -313,7 +313,6 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     meaning:
       'the Go daemon v0.2.9 registry setting: not read; set, it refuses the startup naming what to set instead',
   })),
-
   {
     name: 'VK_SNAPSHOT_CPU_CLASS',
     default: '(unset)',
