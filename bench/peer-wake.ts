@@ -43,11 +43,11 @@ import { loadOrCreateServingCert } from '../src/kubelet/tls.ts';
 import { certSha256 } from '../src/peer/transport.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
 import { cpuTimes } from './lib/procfs.ts';
+import { compareStaged, usage, writeSparseDisk } from './lib/sparse.ts';
 import { fmtN, markdownTable } from './lib/stats.ts';
 
 const GiB = 2 ** 30;
 const MiB = 2 ** 20;
-const EXTENT = 16 * MiB;
 const PEER_HOST = '127.0.0.2';
 
 /** This machine's first non-loopback IPv4 address, if any. */
@@ -192,52 +192,6 @@ function startPeerServer(
     child.on('error', reject);
     child.on('close', (code) => reject(new Error(`the peer server exited ${code}: ${stderr.trim()}`)));
   });
-}
-
-/** A `size`-byte sparse file with `data` bytes of random data in EXTENT pieces spread evenly. */
-function writeSparseDisk(file: string, size: number, data: number): void {
-  const extents = Math.max(1, Math.round(data / EXTENT));
-  const stride = Math.floor(size / extents / EXTENT) * EXTENT;
-  if (stride < EXTENT) throw new Error(`cannot spread ${data} bytes of data in ${size} bytes`);
-  const fd = fs.openSync(file, 'w');
-  try {
-    fs.ftruncateSync(fd, size);
-    const buf = Buffer.allocUnsafe(EXTENT);
-    for (let i = 0; i < extents; i++) {
-      randomFillSync(buf);
-      fs.writeSync(fd, buf, 0, EXTENT, i * stride);
-    }
-  } finally {
-    fs.closeSync(fd);
-  }
-}
-
-/** Apparent and allocated bytes of a directory's regular files. */
-function usage(dir: string): { apparent: number; allocated: number } {
-  let apparent = 0;
-  let allocated = 0;
-  for (const name of fs.readdirSync(dir)) {
-    const st = fs.statSync(path.join(dir, name));
-    if (!st.isFile()) continue;
-    apparent += st.size;
-    allocated += st.blocks * 512;
-  }
-  return { apparent, allocated };
-}
-
-/** Compares the staged files with the source's (every staged file but snapshot.json): a problem, or undefined. */
-async function compareStaged(staged: string, source: string): Promise<string | undefined> {
-  for (const name of fs.readdirSync(staged)) {
-    if (name === 'snapshot.json') continue;
-    const same = await new Promise<boolean>((resolve) => {
-      const c = spawn('cmp', ['-s', path.join(staged, name), path.join(source, name)], { stdio: 'ignore' });
-      c.on('error', () => resolve(false));
-      c.on('close', (code) => resolve(code === 0));
-    });
-    if (!same) return `${name} differs from host A's`;
-  }
-  const missing = fs.readdirSync(source).filter((n) => !fs.existsSync(path.join(staged, n)));
-  return missing.length > 0 ? `not staged: ${missing.join(', ')}` : undefined;
 }
 
 function median(values: readonly number[]): number {

@@ -34,11 +34,11 @@ import { newSimRoot } from '../sim/client.ts';
 import { RegistryClient } from '../src/registry/client.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
 import { cpuTimes } from './lib/procfs.ts';
+import { writeSparseDisk } from './lib/sparse.ts';
 import { fmtN, markdownTable } from './lib/stats.ts';
 
 const GiB = 2 ** 30;
 const MiB = 2 ** 20;
-const EXTENT = 16 * MiB;
 const repoRoot = path.resolve(import.meta.dirname, '..');
 
 interface Row {
@@ -170,24 +170,6 @@ async function craneBin(): Promise<string> {
     );
   });
   return path.join(out.trim().split('\n').pop() ?? '', 'crane');
-}
-
-/** A `size`-byte sparse file with `data` bytes of random data in EXTENT pieces spread evenly. */
-function writeSparseDisk(file: string, size: number, data: number): void {
-  const extents = Math.max(1, Math.round(data / EXTENT));
-  const stride = Math.floor(size / extents / EXTENT) * EXTENT;
-  if (stride < EXTENT) throw new Error(`cannot spread ${data} bytes of data in ${size} bytes`);
-  const fd = fs.openSync(file, 'w');
-  try {
-    fs.ftruncateSync(fd, size);
-    const buf = Buffer.allocUnsafe(EXTENT);
-    for (let i = 0; i < extents; i++) {
-      randomFillSync(buf);
-      fs.writeSync(fd, buf, 0, EXTENT, i * stride);
-    }
-  } finally {
-    fs.closeSync(fd);
-  }
 }
 
 const bench = new Bench('transfer');

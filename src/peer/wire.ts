@@ -3,8 +3,8 @@
 // slice checksum, the query strings, the client's plan checks and the staged envelope. Pure:
 // the server (server.ts, slice.ts), the client (client.ts) and the tests share these, so each
 // constant and each formatting rule lives here once.
-import { crc32c } from '@node-rs/crc32';
 import { ENVELOPE_FIELDS, type SnapshotConfig } from '../registry/artifact.ts';
+import { crc32Package } from '../util/lazy-packages.ts';
 import { goJson, goQueryEscape } from './gojson.ts';
 
 export const MiB = 1 << 20;
@@ -173,7 +173,7 @@ export function validatePlan(plan: PeerPlan, limits: PlanLimits): string | undef
 
 /** CRC-32C (Castagnoli) of `data`, continuing from `crc` (0 to start). */
 export function crc32cUpdate(crc: number, data: Uint8Array): number {
-  return crc32c(data, crc) >>> 0;
+  return crc32Package().crc32c(data, crc) >>> 0;
 }
 
 /** The trailer's text of a CRC value: lowercase hex, no `0x`, no zero padding (Go `FormatUint(v,16)`). */
