@@ -73,8 +73,10 @@ const REPLACES_FAILED: readonly LifecycleState[] = ['failed', 'creating', 'hiber
  * every other state carries no message, so a stale failure reason never survives into the next
  * state (docs/contracts/annotations.md "Lifecycle triple").
  */
+/** A message is kept for `failed` (why) and for `creating` (the last error of a create that
+ * retries, issue 20: the Go contract had messages for failures only); other states carry none. */
 function storedMessage(state: LifecycleState, message: string): string {
-  return state === 'failed' ? truncateUtf8(message, MESSAGE_MAX_BYTES) : '';
+  return state === 'failed' || state === 'creating' ? truncateUtf8(message, MESSAGE_MAX_BYTES) : '';
 }
 
 /**

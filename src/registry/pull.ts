@@ -60,10 +60,14 @@ const LEASED_RETRY_EVERY_MS = 500;
 export class SnapshotPullError extends Error {
   override readonly name = 'SnapshotPullError';
   readonly absent: boolean;
+  /** The artifact cannot be read by this reader (its manifest, format version, config or layer
+   * plan): a retry reads the same bytes, so it is permanent until the tag changes. */
+  readonly undecodable: boolean;
 
-  constructor(message: string, opts: { absent?: boolean; cause?: unknown } = {}) {
+  constructor(message: string, opts: { absent?: boolean; undecodable?: boolean; cause?: unknown } = {}) {
     super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
     this.absent = opts.absent ?? false;
+    this.undecodable = opts.undecodable ?? false;
   }
 }
 
@@ -110,7 +114,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   }
   const display = registry.display(name, ref);
   const log = (opts.log ?? silentLogger).child({ snapshot: localName, ref: display });
-  const fail = (message: string, extra: { absent?: boolean; cause?: unknown } = {}) =>
+  const fail = (message: string, extra: { absent?: boolean; undecodable?: boolean; cause?: unknown } = {}) =>
     new SnapshotPullError(`pull snapshot ${display} into ${localName}: ${message}`, extra);
   const started = performance.now();
 
@@ -120,9 +124,11 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   });
   if (fetched === 'absent') throw fail('not found in the registry', { absent: true });
   const manifest = validateSnapshotManifest(fetched.document);
-  if (!manifest.ok) throw fail(manifest.error);
+  if (!manifest.ok) throw fail(manifest.error, { undecodable: true });
   if (manifest.value.version !== 1) {
-    throw fail(`snapshot format v${manifest.value.version} is not supported by this reader (v1 only)`);
+    throw fail(`snapshot format v${manifest.value.version} is not supported by this reader (v1 only)`, {
+      undecodable: true,
+    });
   }
   const configBytes = await registry
     .getBlobBytes(name, manifest.value.config, MAX_CONFIG_BYTES, opts.signal)
@@ -130,9 +136,9 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
       throw fail(`config: ${(error as Error).message}`, { cause: error });
     });
   const config = parseSnapshotConfig(configBytes, manifest.value);
-  if (!config.ok) throw fail(config.error);
+  if (!config.ok) throw fail(config.error, { undecodable: true });
   const entries = planTarEntries(manifest.value, config.value);
-  if (!entries.ok) throw fail(entries.error);
+  if (!entries.ok) throw fail(entries.error, { undecodable: true });
   const envelope = Buffer.from(JSON.stringify(snapshotEnvelope(config.value, localName)));
   const total = entries.value.reduce((sum, e) => sum + e.size, 0);
   log.info(

@@ -51,7 +51,9 @@ export function isTransientCreateError(err: unknown): boolean {
   if (err instanceof BringUpError || err instanceof ArgvError || err instanceof AuthorityError) return false;
   if (err instanceof CocoonCommandError)
     return err.errorClass === 'inconclusive' || err.errorClass === 'agent_not_up';
-  if (err instanceof SnapshotPullError) return !err.absent;
+  // A source this reader cannot decode (a v2 artifact, a malformed config) reads the same on
+  // every retry: permanent, with its reason, until the pod's inputs change.
+  if (err instanceof SnapshotPullError) return !err.absent && !err.undecodable;
   return true;
 }
 

@@ -9,6 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, mock, test } from 'node:test';
 import { CocoonCommandError } from '../../../src/cocoon/runner.ts';
+import { SnapshotPullError } from '../../../src/registry/pull.ts';
 import { apiError } from '../fakes/kube.ts';
 import { clonePod, type Harness, harness, until, withAnnotations } from './harness.ts';
 
@@ -101,9 +102,22 @@ describe('a failed create', () => {
     await h.provider.createPod(clonePod('flaky-0'));
     await until('first attempt', () => h!.cocoon.callsOf('snapshot inspect').length === 1);
     await new Promise((r) => setImmediate(r));
-    assert.deepEqual(states(h, 'flaky-0'), ['creating'], 'a transient failure never publishes failed');
+    assert.deepEqual(
+      [...new Set(states(h, 'flaky-0'))],
+      ['creating'],
+      'a transient failure never publishes failed',
+    );
     const cond = h.statuses.at(-1)?.status?.conditions?.find((c) => c.type === 'vm.cocoonstack.io/Readiness');
     assert.equal(cond?.reason, 'CreateBackoff');
+    const shown = () =>
+      (Object.assign({}, ...h!.patches('flaky-0')) as Record<string, string | null>)[
+        'vm.cocoonstack.io/lifecycle-state-message'
+      ];
+    assert.match(
+      shown() ?? '',
+      /^retrying after attempt 1: .*database is locked/,
+      'the last error, while it retries',
+    );
     mock.timers.tick(9_000);
     await new Promise((r) => setImmediate(r));
     assert.equal(h.cocoon.callsOf('snapshot inspect').length, 1, 'not before 10 s');
@@ -112,6 +126,44 @@ describe('a failed create', () => {
     mock.timers.tick(20_000);
     await until('third attempt clones', () => h!.cocoon.callsOf('vm clone').length === 1);
     assert.ok(!states(h, 'flaky-0').includes('failed'));
+    await until('the message goes once an attempt gets past the failure', () => shown() === null);
+  });
+});
+
+describe('a clone source the reader cannot decode', () => {
+  const pulling = (err: Error) => ({
+    ensure: async () => {
+      throw err;
+    },
+  });
+
+  test('fails the pod at once with the reason (a v2 artifact reads the same on every retry)', async () => {
+    const v2 = new SnapshotPullError(
+      'pull snapshot reg/acme/next:v1 into acme/next:v1: snapshot format v2 is not supported by this reader (v1 only)',
+      { undecodable: true },
+    );
+    h = harness({ puller: pulling(v2) });
+    await h.provider.createPod(clonePod('v2-0', { 'cocoonset.cocoonstack.io/image': 'acme/next:v1' }));
+    await until('failed', () => states(h!, 'v2-0').includes('failed'));
+    const last = Object.assign({}, ...h.patches('v2-0')) as Record<string, string | null>;
+    assert.match(
+      last['vm.cocoonstack.io/lifecycle-state-message'] ?? '',
+      /snapshot format v2 is not supported/,
+    );
+  });
+
+  test('an unreachable registry stays creating and retries', async () => {
+    mock.timers.enable({ apis: ['setTimeout'] });
+    h = harness({ puller: pulling(new SnapshotPullError('pull snapshot x: connect ECONNREFUSED')) });
+    await h.provider.createPod(clonePod('down-0', { 'cocoonset.cocoonstack.io/image': 'acme/next:v1' }));
+    await until('backoff', () =>
+      h!.statuses.some((st) =>
+        st.status?.conditions?.some(
+          (c) => c.type === 'vm.cocoonstack.io/Readiness' && c.reason === 'CreateBackoff',
+        ),
+      ),
+    );
+    assert.ok(!states(h, 'down-0').includes('failed'));
   });
 });
 

@@ -9,6 +9,7 @@ import {
 } from '../../../contract/annotations.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { hold, holding, patchAnnotations, publish } from '../publication/held.ts';
+import { stageLifecycle } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import type { BootOp } from '../record-types.ts';
@@ -32,6 +33,8 @@ export async function bind(
   if (!isCurrent(ctx, rec)) return;
   const previousId = annotationsOf(rec)[VM_ID] ?? '';
   bindVm(rec, vm, { owns: true, ...opts });
+  // A VM now exists: the last retry's error (ops/failure.ts) no longer describes the pod.
+  if (rec.intent?.state === 'creating' && rec.intent.message !== '') stageLifecycle(ctx, rec, 'creating');
   await refreshIp(ctx, rec);
   const changes: Record<string, string | null> = { [VM_ID]: vm.id, [VM_IP]: rec.ip || null };
   if (previousId !== vm.id) {

@@ -3,13 +3,13 @@
 // ones stay `creating` and are retried on a backoff schedule, until the ready deadline turns
 // them into `failed` too. Our own writes never re-run either.
 
-import { EVENT_MESSAGE_MAX_BYTES } from '../../../contract/annotations.ts';
+import { EVENT_MESSAGE_MAX_BYTES, MESSAGE_MAX_BYTES } from '../../../contract/annotations.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { createInputsKey } from '../inputs.ts';
 import { publish } from '../publication/held.ts';
-import { failOp } from '../publication/lifecycle.ts';
+import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { type PodRecord, setCreateFailure, setStep } from '../state.ts';
 
 /** Transient create failures are retried 10 s, 20 s, … up to every 5 min (like the kubelet's
@@ -56,6 +56,11 @@ export async function createFailed(
       { reason, err: message, attempts, retryInMs: delay },
       'create failed; retrying with backoff',
     );
+    // The last error shows on the pod while it retries: the lifecycle message (`creating`
+    // carries one only here; the next attempt's outcome replaces it) and the readiness
+    // condition (publication/status.ts), written together now.
+    const shown = truncateUtf8(`retrying after attempt ${attempts}: ${message}`, MESSAGE_MAX_BYTES);
+    if (stageLifecycle(ctx, rec, 'creating', shown)) await flushIntent(ctx, rec);
     publish(ctx, rec);
     scheduleRetry(ctx, rec, delay);
     return;
