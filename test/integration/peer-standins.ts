@@ -7,9 +7,9 @@
 // A faulty peer (`faultyPeer`): a host's peer server seen through a TLS front that holds
 // the host's own peer certificate (so the pin our pushes stamp still matches) and forwards each
 // connection, byte for byte, to a PeerServer of the test's serving that host's snapshot store.
-// The front damages what the server sends after a slice request: `corrupt` flips the first body
-// byte of the first slice (the CRC-32C trailer no longer matches), `stall` sends nothing more
-// (the client's stall timeout cuts it). Everything else passes unchanged.
+// The front damages what the server sends after a connection's first slice request: `corrupt`
+// flips that slice's first body byte (the CRC-32C trailer no longer matches), `stall` sends nothing
+// after its headers (the client's stall timeout cuts it). Everything else passes unchanged.
 import { readFileSync } from 'node:fs';
 import net from 'node:net';
 import { join } from 'node:path';
