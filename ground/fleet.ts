@@ -207,6 +207,19 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
   return host;
 }
 
+/** A Linux cloud-hypervisor clone source named `name` in every host's simulator. */
+export async function fixtureOnEveryHost(hosts: readonly FleetHost[], name: string): Promise<void> {
+  await Promise.all(
+    hosts.map((h) =>
+      h.simulator.fixtureSnapshot(name, {
+        backend: 'cloud-hypervisor',
+        os: 'linux',
+        image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
+      }),
+    ),
+  );
+}
+
 /** Stops every host: its daemon (SIGTERM, SIGKILL after 15 s), then its simulator's processes. */
 export async function stopFleet(f: Fleet): Promise<void> {
   await Promise.all(

@@ -14,7 +14,7 @@
 import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import type { V1Pod, V1Toleration } from '@kubernetes/client-node';
-import { type FleetHost, type FleetWorld, useFleet } from '../../ground/fleet.ts';
+import { type FleetHost, type FleetWorld, fixtureOnEveryHost, useFleet } from '../../ground/fleet.ts';
 import { vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
@@ -40,15 +40,7 @@ before(async () => {
   fw = await fleet();
   [A, B, C] = fw.hosts as [FleetHost, FleetHost, FleetHost];
   registry = new RegistryClient({ base: fw.fleet.registry, credentials: [] });
-  await Promise.all(
-    fw.hosts.map((h) =>
-      h.simulator.fixtureSnapshot(IMAGE, {
-        backend: 'cloud-hypervisor',
-        os: 'linux',
-        image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-      }),
-    ),
-  );
+  await fixtureOnEveryHost(fw.hosts, IMAGE);
 });
 
 const read = (name: string) => fw.core.readNamespacedPod({ namespace: fw.namespace, name });

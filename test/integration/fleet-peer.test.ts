@@ -22,7 +22,7 @@ import { connect } from 'node:net';
 import { join } from 'node:path';
 import { before, describe, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
-import { type FleetHost, type FleetWorld, useFleet } from '../../ground/fleet.ts';
+import { type FleetHost, type FleetWorld, fixtureOnEveryHost, useFleet } from '../../ground/fleet.ts';
 import { vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
@@ -49,15 +49,7 @@ before(async () => {
   fw = await fleet();
   [A, B, C] = fw.hosts as [FleetHost, FleetHost, FleetHost];
   registry = new RegistryClient({ base: fw.fleet.registry, credentials: [] });
-  await Promise.all(
-    fw.hosts.map((h) =>
-      h.simulator.fixtureSnapshot(IMAGE, {
-        backend: 'cloud-hypervisor',
-        os: 'linux',
-        image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-      }),
-    ),
-  );
+  await fixtureOnEveryHost(fw.hosts, IMAGE);
 });
 
 const read = (name: string) => fw.core.readNamespacedPod({ namespace: fw.namespace, name });
