@@ -28,6 +28,7 @@ import type * as Http from 'node:http';
 import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { Logger } from '../log.ts';
 import { silentLogger } from '../log.ts';
 import { VERSION } from '../version.ts';
@@ -193,6 +194,28 @@ const DELETE: readonly string[] = ['pull', 'push', 'delete'];
 class UploadRestart extends Error {}
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
+/** Answers that ask the client to come back later (Too Many Requests, Service Unavailable). */
+const BUSY_STATUS = new Set([429, 503]);
+/** Tries of one request while the registry answers busy (the last busy answer is the error). */
+export const BUSY_ATTEMPTS = 4;
+const BUSY_MAX_WAIT_MS = 30_000;
+
+/**
+ * How long to wait before trying a busy registry again: its `Retry-After` (delta-seconds or an
+ * HTTP date, RFC 9110 §10.2.3), else 0.5 s doubling per try; never more than 30 s. Pure.
+ */
+export function busyWaitMs(retryAfter: string | undefined, tries: number, now: number): number {
+  const backoff = 500 * 2 ** tries;
+  const text = retryAfter?.trim() ?? '';
+  let ms: number | undefined;
+  if (/^\d+$/.test(text)) ms = Number(text) * 1000;
+  else if (/ GMT$/.test(text)) {
+    const at = Date.parse(text);
+    if (!Number.isNaN(at)) ms = Math.max(0, at - now);
+  }
+  return Math.min(BUSY_MAX_WAIT_MS, ms ?? backoff);
+}
+
 const MAX_REDIRECTS = 5;
 const MAX_ERROR_BODY = 64 * 1024;
 const MAX_TOKEN_BODY = 1024 * 1024;
@@ -837,12 +860,26 @@ export class RegistryClient {
     const baseHeaders: Record<string, string> = { 'user-agent': `vk-cocoon/${VERSION}`, ...req.headers };
     let authorization = await this.#authorization(req.repository, actions, req.signal);
     let res: IncomingMessage;
-    for (let attempt = 0; ; attempt++) {
+    let challenged = false;
+    for (let busy = 0; ; ) {
       const headers = authorization ? { ...baseHeaders, authorization } : baseHeaders;
       res = await this.#send(url, req.method, headers, req.signal, req.body);
+      if (BUSY_STATUS.has(res.statusCode ?? 0) && busy < BUSY_ATTEMPTS - 1) {
+        // The registry asks to come back later: after its Retry-After (at most 30 s), else
+        // 0.5, 1, 2 s. Every body is replayable (the 401 path sends it again too).
+        const waitMs = busyWaitMs(res.headers['retry-after'], busy, Date.now());
+        busy++;
+        drain(res);
+        this.#log.info(
+          { status: res.statusCode, path: url.pathname, waitMs, attempt: busy },
+          'registry busy; retrying',
+        );
+        await sleep(waitMs, undefined, req.signal ? { signal: req.signal } : undefined);
+        continue;
+      }
       if (res.statusCode !== 401) break;
       const header = res.headers['www-authenticate'];
-      if (attempt > 0 || header === undefined) {
+      if (challenged || header === undefined) {
         throw await this.#statusError(res, `${req.method} ${url.pathname}`, 'auth');
       }
       drain(res);
@@ -858,6 +895,7 @@ export class RegistryClient {
           },
         );
       }
+      challenged = true;
       this.#challenge = challenge;
       this.#tokens.delete(this.#tokenKey(req.repository, actions)); // the one we sent (if any) was refused
       authorization = await this.#authorization(req.repository, actions, req.signal);

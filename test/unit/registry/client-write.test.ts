@@ -10,7 +10,13 @@ import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, beforeEach, describe, it } from 'node:test';
-import { RegistryClient, RegistryError, type StreamedBlob } from '../../../src/registry/client.ts';
+import {
+  BUSY_ATTEMPTS,
+  busyWaitMs,
+  RegistryClient,
+  RegistryError,
+  type StreamedBlob,
+} from '../../../src/registry/client.ts';
 import type { CredentialSource } from '../../../src/registry/credentials.ts';
 import { parseReference } from '../../../src/registry/reference.ts';
 import { Fake, sha } from './fake-registry.ts';
@@ -42,6 +48,33 @@ describe('RegistryClient write verbs (fake registry)', () => {
     return p;
   };
   const requests = () => fake.seen.map((s) => `${s.method} ${s.url.split('?')[0]}`);
+
+  it('a busy registry (429/503) is asked again after its Retry-After; the body goes again', async () => {
+    fake.busy = { count: 2, status: 503, retryAfter: '0' };
+    const data = Buffer.from('manifest-bytes');
+    const digest = await client.putManifest(
+      'cocoon/x',
+      'v1',
+      data,
+      'application/vnd.oci.image.manifest.v1+json',
+    );
+    assert.equal(digest, sha(data));
+    assert.deepEqual(requests(), [
+      'PUT /v2/cocoon/x/manifests/v1',
+      'PUT /v2/cocoon/x/manifests/v1',
+      'PUT /v2/cocoon/x/manifests/v1',
+    ]);
+    assert.ok(
+      fake.seen.every((s) => s.bodyLength === data.length),
+      'the same body every time',
+    );
+  });
+
+  it('a registry that stays busy fails after BUSY_ATTEMPTS tries, naming the status', async () => {
+    fake.busy = { count: 100, status: 429, retryAfter: '0' };
+    await assert.rejects(client.headBlob('cocoon/x', sha(Buffer.from('b'))), /429/);
+    assert.equal(fake.seen.length, BUSY_ATTEMPTS);
+  });
 
   it('headBlob: true when present, false on 404, an error otherwise', async () => {
     const data = Buffer.from('hello');
@@ -345,5 +378,24 @@ describe('RegistryClient write verbs (fake registry)', () => {
       const uploading = client.uploadStreamedBlob('cocoon/x', src, { chunkBytes: 1000 });
       await assert.rejects(uploading, /cannot be sent twice/);
     });
+  });
+});
+
+describe('busyWaitMs (a busy registry: how long until the next try)', () => {
+  const now = Date.parse('2026-12-05T00:00:00Z');
+  it('takes Retry-After as seconds or as an HTTP date, at most 30 s', () => {
+    assert.equal(busyWaitMs('2', 0, now), 2000);
+    assert.equal(busyWaitMs(' 0 ', 3, now), 0);
+    assert.equal(busyWaitMs('Sat, 05 Dec 2026 00:00:05 GMT', 0, now), 5000);
+    assert.equal(busyWaitMs('Fri, 04 Dec 2026 23:59:00 GMT', 0, now), 0, 'a date passed: at once');
+    assert.equal(busyWaitMs('120', 0, now), 30_000);
+  });
+  it('without a usable Retry-After: 0.5 s doubling per try', () => {
+    assert.deepEqual(
+      [0, 1, 2].map((t) => busyWaitMs(undefined, t, now)),
+      [500, 1000, 2000],
+    );
+    assert.equal(busyWaitMs('soon', 1, now), 1000);
+    assert.equal(busyWaitMs('-3', 0, now), 500);
   });
 });

@@ -39,6 +39,8 @@ export class Fake {
   bearer = false;
   /** Answer this many PATCH requests 401 with a Bearer challenge (a token gone stale mid-upload). */
   patch401 = 0;
+  /** Answer the next `count` requests (after the token endpoint) `status`, with `retryAfter`. */
+  busy: { count: number; status: 429 | 503; retryAfter?: string } = { count: 0, status: 503 };
   #sessionSeq = 0;
 
   get host(): string {
@@ -78,6 +80,7 @@ export class Fake {
     this.tagDelete = 202;
     this.bearer = false;
     this.patch401 = 0;
+    this.busy = { count: 0, status: 503 };
     this.#sessionSeq = 0;
   }
 
@@ -108,6 +111,15 @@ export class Fake {
       at: Date.now(),
       firstByteAt: firstByteAt || Date.now(),
     });
+    if (this.busy.count > 0) {
+      this.busy.count--;
+      res.writeHead(
+        this.busy.status,
+        this.busy.retryAfter === undefined ? {} : { 'retry-after': this.busy.retryAfter },
+      );
+      res.end('busy');
+      return;
+    }
     if (this.bearer && !req.headers.authorization?.startsWith('Bearer ')) {
       res.writeHead(401, {
         'www-authenticate': `Bearer realm="http://${this.host}/token",service="fake"`,
