@@ -26,7 +26,7 @@ import { stagedBytesBound } from '../src/peer/wire.ts';
 import { RegistryClient } from '../src/registry/client.ts';
 import { inspectSnapshot, pullSnapshot } from '../src/registry/pull.ts';
 import { readSnapshotIdentity } from '../src/registry/push.ts';
-import { clockTicks, parseStatTimes } from './lib/procfs.ts';
+import { clockTicks, memOf, parseStatTimes } from './lib/procfs.ts';
 
 interface ServeJob {
   op: 'serve';
@@ -63,12 +63,6 @@ type Job = ServeJob | PullJob | RestoreJob;
 
 /** What the daemon allows a restore to stage at most beyond the config's own bound (src/main.ts). */
 const HOST_STAGING_BOUND = 2 ** 50;
-
-function mem(): { rssKiB: number; hwmKiB: number } {
-  const status = fs.readFileSync('/proc/self/status', 'latin1');
-  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+)\\s+kB`, 'm').exec(status)?.[1] ?? NaN);
-  return { rssKiB: kib('VmRSS'), hwmKiB: kib('VmHWM') };
-}
 
 const job = JSON.parse(process.argv[2] ?? '{}') as Job;
 // VK_BENCH_CHILD_LOG=info (or debug): the transfer's own log lines on stderr.
@@ -118,7 +112,7 @@ async function serve(j: ServeJob): Promise<void> {
 async function transfer(j: PullJob | RestoreJob): Promise<void> {
   const registry = new RegistryClient({ base: j.registry, credentials: [] });
   try {
-    const idleKiB = mem().rssKiB;
+    const idleKiB = memOf(process.pid).rssKiB;
     let last = 0;
     let got = 0;
     const progress = logLevel
@@ -175,7 +169,7 @@ async function transfer(j: PullJob | RestoreJob): Promise<void> {
       clockTicks(),
     ).childrenMs;
     process.stdout.write(
-      `${JSON.stringify({ ms, bytes, idleKiB, hwmKiB: mem().hwmKiB, cpuMs, childrenCpuMs, ...extra })}\n`,
+      `${JSON.stringify({ ms, bytes, idleKiB, hwmKiB: memOf(process.pid).hwmKiB, cpuMs, childrenCpuMs, ...extra })}\n`,
     );
   } finally {
     registry.close();

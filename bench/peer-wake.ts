@@ -32,7 +32,7 @@
 // VK_BENCH_CHILD_LOG=info logs their progress every second on stderr.
 // Everything it starts it stops (bench/lib/harness.ts teardown, the PID registry; the peer
 // server also exits when the bench's end of its stdin closes).
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { randomFillSync, X509Certificate } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -41,8 +41,9 @@ import { startRegistry, stopRegistry } from '../ground/registry.ts';
 import { newSimRoot, type SimRoot } from '../sim/client.ts';
 import { loadOrCreateServingCert } from '../src/kubelet/tls.ts';
 import { certSha256 } from '../src/peer/transport.ts';
+import { runBenchChild, spawnBenchChild } from './lib/child.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
-import { cpuTimes } from './lib/procfs.ts';
+import { cpuTimes, memOf } from './lib/procfs.ts';
 import { compareStaged, usage, writeSparseDisk } from './lib/sparse.ts';
 import { fmtN, markdownTable } from './lib/stats.ts';
 
@@ -57,9 +58,6 @@ function nonLoopbackIpv4(): string | undefined {
   return undefined;
 }
 const IMAGE = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
-const repoRoot = path.resolve(import.meta.dirname, '..');
-/** The daemon's own V8 flags (bin/vk-cocoon), so memory, GC and JIT are the daemon's. */
-const DAEMON_FLAGS = ['--max-semi-space-size=2', '--no-opt', '--no-maglev', '--optimize-for-size'];
 
 interface ChildResult {
   ms: number;
@@ -91,15 +89,6 @@ interface Row {
   note: string;
 }
 
-function flagsOf(name: string): string[] {
-  return (process.env[name] ?? '').split(' ').filter((f) => f !== '');
-}
-
-function hwmKiB(pid: number): number {
-  const status = fs.readFileSync(`/proc/${pid}/status`, 'latin1');
-  return Number(/^VmHWM:\s+(\d+)\s+kB/m.exec(status)?.[1] ?? Number.NaN);
-}
-
 /** CPU ms so far of a process (itself and the children it waited for); 0 when there is none. */
 function cpuOf(pid: number | undefined): number {
   if (pid === undefined) return 0;
@@ -111,65 +100,17 @@ function cpuOf(pid: number | undefined): number {
   }
 }
 
-/** Runs one transfer (`script` with the daemon's flags) to completion; its result line. */
-function runTransfer(
-  script: string,
-  job: Record<string, unknown>,
-  env: Record<string, string>,
-): Promise<ChildResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(
-      process.execPath,
-      [
-        ...DAEMON_FLAGS,
-        ...flagsOf('VK_BENCH_CHILD_FLAGS'),
-        path.join(repoRoot, 'bench', script),
-        JSON.stringify(job),
-      ],
-      {
-        stdio: ['ignore', 'pipe', process.env.VK_BENCH_CHILD_LOG ? 'inherit' : 'pipe'],
-        env: { ...process.env, ...env },
-      },
-    );
-    let stdout = '';
-    let stderr = '';
-    child.stdout?.on('data', (d: Buffer) => {
-      stdout += d.toString();
-    });
-    child.stderr?.on('data', (d: Buffer) => {
-      stderr = (stderr + d.toString()).slice(-4000);
-    });
-    child.on('error', reject);
-    child.on('close', (code) => {
-      if (code !== 0) {
-        reject(new Error(`transfer ${String(job.op)} exited ${code}: ${stderr.trim()}`));
-        return;
-      }
-      resolve(JSON.parse(stdout.trim().split('\n').pop() ?? '') as ChildResult);
-    });
-  });
-}
-
 /** Host A's peer server in a process of its own; resolves once it listens. */
 function startPeerServer(
   job: Record<string, unknown>,
   env: Record<string, string>,
 ): Promise<{ child: ChildProcess; pid: number; port: number; stop: () => Promise<void> }> {
   return new Promise((resolve, reject) => {
-    const child = spawn(
-      process.execPath,
-      [
-        ...DAEMON_FLAGS,
-        ...flagsOf('VK_BENCH_SERVER_FLAGS'),
-        path.join(repoRoot, 'bench', 'peer-wake-child.ts'),
-        JSON.stringify({ op: 'serve', ...job }),
-      ],
-      {
-        // stdin stays open while the bench lives: the server exits when it closes.
-        stdio: ['pipe', 'pipe', process.env.VK_BENCH_CHILD_LOG ? 'inherit' : 'pipe'],
-        env: { ...process.env, ...env },
-      },
-    );
+    // stdin stays open while the bench lives: the server exits when it closes.
+    const child = spawnBenchChild('peer-wake-child.ts', { op: 'serve', ...job }, env, {
+      flagsVar: 'VK_BENCH_SERVER_FLAGS',
+      stdin: 'pipe',
+    });
     const exited = new Promise<void>((r) => child.once('close', () => r()));
     const stop = async () => {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
@@ -286,7 +227,7 @@ bench.run(async () => {
       bench.check();
 
       bench.log(`${vm}: hibernate push (pushSnapshot) from host A`);
-      const push = await runTransfer(
+      const push = await runBenchChild<ChildResult>(
         'transfer-child.ts',
         {
           op: 'push',
@@ -343,7 +284,7 @@ bench.run(async () => {
       const wake = async (which: Row['path'], suffix: string): Promise<Row> => {
         const tls = which === 'peer';
         const p = await phase(() =>
-          runTransfer(
+          runBenchChild<ChildResult>(
             'peer-wake-child.ts',
             which === 'registry'
               ? {
@@ -401,7 +342,7 @@ bench.run(async () => {
           note:
             `peer${suffix}: identity ⇒ plan ⇒ ${p.r.files} files staged over ${tls ? 'TLS (pinned)' : 'plain HTTP'}, ` +
             `${fmtN(u.allocated / MiB, 0)} MiB allocated of ${fmtN(u.apparent / MiB, 0)} MiB, equal to A's; ` +
-            `server peak RSS ${fmtN(hwmKiB(srv.pid) / 1024, 0)} MiB`,
+            `server peak RSS ${fmtN(memOf(srv.pid).hwmKiB / 1024, 0)} MiB`,
         };
       };
       for (let run = 1; run <= runs; run++) {

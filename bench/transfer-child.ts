@@ -12,7 +12,7 @@ import { createLogger, silentLogger } from '../src/log.ts';
 import { RegistryClient } from '../src/registry/client.ts';
 import { pullSnapshot } from '../src/registry/pull.ts';
 import { pushSnapshot } from '../src/registry/push.ts';
-import { clockTicks, parseStatTimes } from './lib/procfs.ts';
+import { clockTicks, memOf, parseStatTimes } from './lib/procfs.ts';
 
 interface Job {
   op: 'push' | 'pull';
@@ -28,12 +28,6 @@ interface Job {
   readAheadWindowBytes?: number;
 }
 
-function mem(): { rssKiB: number; hwmKiB: number } {
-  const status = fs.readFileSync('/proc/self/status', 'latin1');
-  const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+)\\s+kB`, 'm').exec(status)?.[1] ?? NaN);
-  return { rssKiB: kib('VmRSS'), hwmKiB: kib('VmHWM') };
-}
-
 const job = JSON.parse(process.argv[2] ?? '{}') as Job;
 // VK_BENCH_CHILD_LOG=info (or debug): the transfer's own log lines on stderr (progress every second).
 const logLevel = process.env.VK_BENCH_CHILD_LOG;
@@ -43,7 +37,7 @@ const lifetime = new AbortController();
 const registry = new RegistryClient({ base: job.registry, credentials: [] });
 const cli = new CocoonCli(job.cocoonBin, lifetime.signal, silentLogger);
 try {
-  const idleKiB = mem().rssKiB;
+  const idleKiB = memOf(process.pid).rssKiB;
   const t0 = performance.now();
   let bytes = 0;
   let uploadedBytes: number | undefined;
@@ -81,7 +75,7 @@ try {
   // cutime + cstime: the `cocoon` client processes this one waited for.
   const childrenCpuMs = parseStatTimes(fs.readFileSync('/proc/self/stat', 'latin1'), clockTicks()).childrenMs;
   process.stdout.write(
-    `${JSON.stringify({ ms, bytes, uploadedBytes, idleKiB, hwmKiB: mem().hwmKiB, cpuMs, childrenCpuMs })}\n`,
+    `${JSON.stringify({ ms, bytes, uploadedBytes, idleKiB, hwmKiB: memOf(process.pid).hwmKiB, cpuMs, childrenCpuMs })}\n`,
   );
 } finally {
   registry.close();

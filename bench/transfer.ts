@@ -32,8 +32,9 @@ import path from 'node:path';
 import { startRegistry, stopRegistry } from '../ground/registry.ts';
 import { newSimRoot } from '../sim/client.ts';
 import { RegistryClient } from '../src/registry/client.ts';
+import { runBenchChild } from './lib/child.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
-import { cpuTimes } from './lib/procfs.ts';
+import { cpuTimes, memOf } from './lib/procfs.ts';
 import { writeSparseDisk } from './lib/sparse.ts';
 import { fmtN, markdownTable } from './lib/stats.ts';
 
@@ -57,11 +58,6 @@ interface Row {
   note: string;
 }
 
-function hwmKiB(pid: number | 'self'): number {
-  const status = fs.readFileSync(`/proc/${pid}/status`, 'latin1');
-  return Number(/^VmHWM:\s+(\d+)\s+kB/m.exec(status)?.[1] ?? Number.NaN);
-}
-
 interface ChildResult {
   ms: number;
   bytes: number;
@@ -74,49 +70,6 @@ interface ChildResult {
   cpuMs: number;
   /** CPU time of the child's own children (the `cocoon` client processes it ran), ms. */
   childrenCpuMs: number;
-}
-
-/**
- * Runs one transfer in its own Node.js process (bench/transfer-child.ts), so its peak RSS is
- * the transfer's and not this bench's; the simulator's environment goes along.
- */
-function runTransfer(job: Record<string, unknown>, env: Record<string, string>): Promise<ChildResult> {
-  return new Promise((resolve, reject) => {
-    // Node flags for the transfer process alone, e.g. VK_BENCH_CHILD_FLAGS="--cpu-prof --cpu-prof-dir=/tmp/prof".
-    // The daemon's own V8 flags (bin/vk-cocoon), so memory, GC and JIT are the daemon's.
-    const flags = [
-      '--max-semi-space-size=2',
-      '--no-opt',
-      '--no-maglev',
-      '--optimize-for-size',
-      ...(process.env.VK_BENCH_CHILD_FLAGS ?? '').split(' ').filter((f) => f !== ''),
-    ];
-    const child = spawn(
-      process.execPath,
-      [...flags, path.join(repoRoot, 'bench', 'transfer-child.ts'), JSON.stringify(job)],
-      {
-        stdio: ['ignore', 'pipe', process.env.VK_BENCH_CHILD_LOG ? 'inherit' : 'pipe'],
-        env: { ...process.env, ...env },
-      },
-    );
-    let stdout = '';
-    let stderr = '';
-    child.stdout?.on('data', (d: Buffer) => {
-      stdout += d.toString();
-    });
-    child.stderr?.on('data', (d: Buffer) => {
-      stderr = (stderr + d.toString()).slice(-4000);
-    });
-    child.on('error', reject);
-    child.on('close', (code) => {
-      if (code !== 0) {
-        reject(new Error(`transfer ${String(job.op)} exited ${code}: ${stderr.trim()}`));
-        return;
-      }
-      const last = stdout.trim().split('\n').pop() ?? '';
-      resolve(JSON.parse(last) as ChildResult);
-    });
-  });
 }
 
 /**
@@ -137,7 +90,7 @@ function measureChild(cmd: string, args: string[]): Promise<{ ms: number; peakKi
       try {
         if (child.pid) {
           // A process that is exiting (a zombie) has no VmHWM: keep the last real samples.
-          const hwm = hwmKiB(child.pid);
+          const hwm = memOf(child.pid).hwmKiB;
           const cpu = cpuTimes(child.pid).selfMs;
           if (Number.isFinite(hwm)) peak = Math.max(peak, hwm);
           if (Number.isFinite(cpu)) cpuMs = cpu;
@@ -233,7 +186,8 @@ bench.run(async () => {
       const repo = run === 1 ? 'bench-vm' : `bench-vm-${run}`;
       bench.log(`ours: push${suffix}`);
       const push = await phase(() =>
-        runTransfer(
+        runBenchChild<ChildResult>(
+          'transfer-child.ts',
           {
             op: 'push',
             registry: `${reg.hostPort}/bench`,
@@ -270,7 +224,8 @@ bench.run(async () => {
 
       bench.log(`ours: pull${suffix}`);
       const pull = await phase(() =>
-        runTransfer(
+        runBenchChild<ChildResult>(
+          'transfer-child.ts',
           {
             op: 'pull',
             registry: `${reg.hostPort}/bench`,
