@@ -147,6 +147,22 @@ async function released(name: string): Promise<void> {
   assert.deepEqual(await vmNames(A), []);
 }
 
+/** Recreates the released pod `name` on `host` with the restore and checks it woke from the peer
+ * `node`: the guest marker, no registry import, a clone from the staged directory, the event. */
+async function wokenFromPeer(name: string, host: FleetHost, node: string): Promise<void> {
+  const mark = host.simulator.calls().length;
+  await create(name, host, { [RESTORE]: 'true' });
+  await waitReady(name);
+  assert.equal(await host.simulator.diskRead(`vk-${name}`), `marker-${name}`);
+  const calls = callsSince(host, mark).map((c) => c.cmd);
+  assert.ok(!calls.some((c) => c.startsWith('snapshot import')), `no registry import: ${calls.join(' | ')}`);
+  assert.ok(
+    calls.some((c) => c.startsWith('vm clone') && c.includes('--from-dir')),
+    calls.join(' | '),
+  );
+  assert.equal(await wokenMessage(name), `cloned from peer ${node}`);
+}
+
 /** Edits the annotations of the state's manifest (`null` deletes one), as another pusher would
  * have written them. */
 async function editAnnotations(vmName: string, edit: Record<string, string | null>): Promise<void> {
@@ -215,20 +231,7 @@ describe('release-policy suspend and wake', () => {
     const name = 'rel-1';
     await released(name);
     const okBefore = await metric(B, /^cocoon_vk_snapshot_peer_restore_total\{result="ok"\}/);
-    const mark = B.simulator.calls().length;
-    await create(name, B, { [RESTORE]: 'true' });
-    await waitReady(name);
-    assert.equal(await B.simulator.diskRead(`vk-${name}`), `marker-${name}`);
-    const calls = callsSince(B, mark).map((c) => c.cmd);
-    assert.ok(
-      !calls.some((c) => c.startsWith('snapshot import')),
-      `no registry import: ${calls.join(' | ')}`,
-    );
-    assert.ok(
-      calls.some((c) => c.startsWith('vm clone') && c.includes('--from-dir')),
-      calls.join(' | '),
-    );
-    assert.equal(await wokenMessage(name), `cloned from peer ${A.name}`);
+    await wokenFromPeer(name, B, A.name);
     assert.equal(await metric(B, /^cocoon_vk_snapshot_peer_restore_total\{result="ok"\}/), okBefore + 1);
     assert.ok((await metric(A, /^cocoon_vk_peer_server_bytes_total/)) > 0, 'A served bytes');
     assert.deepEqual(readdirSync(B.stagingDir), [], 'the staged directory is released');
@@ -387,20 +390,7 @@ describe('a Go pusher', () => {
     await C.daemon.stop();
     await C.restart(undefined, 'provider');
     try {
-      const mark = C.simulator.calls().length;
-      await create(name, C, { [RESTORE]: 'true' });
-      await waitReady(name);
-      assert.equal(await C.simulator.diskRead(`vk-${name}`), `marker-${name}`);
-      const calls = callsSince(C, mark).map((c) => c.cmd);
-      assert.ok(
-        !calls.some((c) => c.startsWith('snapshot import')),
-        `no registry import: ${calls.join(' | ')}`,
-      );
-      assert.ok(
-        calls.some((c) => c.startsWith('vm clone') && c.includes('--from-dir')),
-        calls.join(' | '),
-      );
-      assert.equal(await wokenMessage(name), `cloned from peer ${goNode}`);
+      await wokenFromPeer(name, C, goNode);
       assert.ok(pusher.requests.includes('plan ok'), pusher.requests.join(', '));
       assert.ok(pusher.requests.includes('slice ok'), pusher.requests.join(', '));
     } finally {
