@@ -499,6 +499,7 @@ describe("the ground's registry (real)", () => {
       (e: unknown) => {
         assert.ok(e instanceof SnapshotPullError);
         assert.equal(e.absent, true);
+        assert.equal(e.undecodable, false, 'an absent tag is no verdict on bytes');
         assert.equal(
           e.message,
           `pull snapshot ${g.registry.hostPort}/cocoon/acme/agent:missing into acme/agent:missing: not found in the registry`,
@@ -529,13 +530,16 @@ describe("the ground's registry (real)", () => {
     const a = buildArtifact({ extraConfig: { schemaVersion: 'v2' } });
     await pushArtifact(name, 'skewed', a);
     const from = sim.calls().length;
+    // Both are this reader's verdict on the bytes (undecodable: the pod fails at once, no retry).
+    const undecodable = (re: RegExp) => (e: unknown) =>
+      e instanceof SnapshotPullError && e.undecodable && !e.absent && re.test(e.message);
     await assert.rejects(
       pullSnapshot({ registry, cli, repo: 'acme/wrong', tag: 'container', localName: 'w1' }),
-      /not a snapshot artifact \(classified as container-image\)/,
+      undecodable(/not a snapshot artifact \(classified as container-image\)/),
     );
     await assert.rejects(
       pullSnapshot({ registry, cli, repo: 'acme/wrong', tag: 'skewed', localName: 'w2' }),
-      /schemaVersion "v2" disagrees with the artifact type/,
+      undecodable(/schemaVersion "v2" disagrees with the artifact type/),
     );
     assert.deepEqual(callsSince(from), []);
   });
