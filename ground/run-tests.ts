@@ -13,14 +13,20 @@
 // (a run of one job streams it); the last line is the summary
 // `suite: <N> passed, <M> failed in <mm:ss>` (the wall time since `npm test` started).
 //
+// A job that runs past its limit (four times its estimate, at least 5 min; VK_TEST_JOB_TIMEOUT
+// seconds for all) is interrupted, killed 15 s later, and counts as failed, so a hang is a red
+// run naming the file, never a suite that does not end. The line names the processes holding
+// the job's test output open: node --test waits for a file's stdout and stderr to close, so a
+// process the file started with its output inherited hangs the job however the tests went.
+//
 // Every process of the run is in its PID registry (<ground dir>/pids, exported to the tests as
 // VK_GROUND_PIDS; see ground/proc.ts): the shared ground, an apiserver a test restarted
 // in its own process, private grounds, daemons, simulator stand-ins, the test processes
 // themselves. However the run ends (tests pass or fail, SIGINT/SIGTERM/SIGHUP, an uncaught
 // exception or rejection here, the ground failing half-way) they are all stopped: SIGTERM,
 // then SIGKILL after a grace.
-import { type ChildProcess, spawn } from 'node:child_process';
-import { existsSync, globSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
+import { existsSync, globSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { isAbsolute, join, relative } from 'node:path';
 import { repoRoot } from './cluster.ts';
@@ -135,6 +141,38 @@ function plan(files: string[]): Job[] {
   return jobs.sort((a, b) => b.estimate - a.estimate);
 }
 
+/**
+ * The processes holding the other end of `pid`'s stdio sockets (node --test reads each test
+ * file's output through a socket pair): `<pid> <command line>` each, `pid` itself and this
+ * process left out. From `ss -xpn` (iproute2): each line names a socket's inode, its peer's
+ * inode and the processes holding it. Empty when ss is missing.
+ */
+function outputHolders(pid: number): string[] {
+  const r = spawnSync('ss', ['-xpn'], { encoding: 'utf8', timeout: 10_000 });
+  if (r.status !== 0) return [];
+  const rows = r.stdout.split('\n').flatMap((line) => {
+    const m = /\s(\d+)\s+\S+\s+(\d+)\s+users:\((.*)\)\s*$/.exec(line);
+    if (!m) return [];
+    const pids = [...(m[3] as string).matchAll(/pid=(\d+)/g)].map((x) => Number(x[1]));
+    return [{ inode: m[1] as string, peer: m[2] as string, pids }];
+  });
+  const peers = new Set(rows.filter((row) => row.pids.includes(pid)).map((row) => row.peer));
+  const holders = new Set(
+    rows
+      .filter((row) => peers.has(row.inode))
+      .flatMap((row) => row.pids.filter((p) => p !== pid && p !== process.pid)),
+  );
+  return [...holders].map((p) => {
+    let cmd = '';
+    try {
+      cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').filter(Boolean).join(' ');
+    } catch {
+      // gone since
+    }
+    return `${p} ${cmd.length > 120 ? `${cmd.slice(0, 117)}...` : cmd}`;
+  });
+}
+
 function count(out: string, key: string): number | undefined {
   const all = [...out.matchAll(new RegExp(`^ℹ ${key} (\\d+)$`, 'gm'))];
   const last = all[all.length - 1];
@@ -144,6 +182,10 @@ function count(out: string, key: string): number | undefined {
 const files = expand(process.argv.slice(2).length > 0 ? process.argv.slice(2) : DEFAULT_PATTERNS);
 const jobs = plan(files);
 const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 3) || 3);
+/** A job that runs past this is interrupted (SIGINT: node --test prints what it was running and
+ * its output so far), killed 15 s later if still there, and counted failed. */
+const jobLimitMs = (job: Job) =>
+  (Number(process.env.VK_TEST_JOB_TIMEOUT) || Math.max(job.estimate * 4, 300)) * 1000;
 const dir = mkdtempSync(join(tmpdir(), 'vk-ground-'));
 const registry = openPidRegistry(join(dir, 'pids'));
 log(`dir ${dir}`);
@@ -227,8 +269,24 @@ function runJob(job: Job): Promise<JobResult> {
   const out = () => Buffer.concat(chunks).toString();
   running.set(job, { child, out, started });
   say(`start ${job.name}`);
+  let timedOut = false;
+  let kill: NodeJS.Timeout | undefined;
+  const limit = setTimeout(() => {
+    timedOut = true;
+    // node --test waits for a test file's output to close, so a process the file started that
+    // inherited its stdout or stderr keeps the job from ever ending: name what holds it.
+    const holders = child.pid === undefined ? [] : outputHolders(child.pid);
+    say(
+      `TIMED OUT ${job.name} after ${mmss(Date.now() - started)}: interrupting it` +
+        (holders.length > 0 ? `; its test output is held open by ${holders.join(', ')}` : ''),
+    );
+    child.kill('SIGINT');
+    kill = setTimeout(() => child.kill('SIGKILL'), 15_000);
+  }, jobLimitMs(job));
   return new Promise((resolve) => {
     child.on('close', (code) => {
+      clearTimeout(limit);
+      clearTimeout(kill);
       running.delete(job);
       if (stopping) return;
       const text = out();
@@ -236,7 +294,7 @@ function runJob(job: Job): Promise<JobResult> {
       const passed = count(text, 'pass') ?? 0;
       let failed = (count(text, 'fail') ?? 0) + (count(text, 'cancelled') ?? 0);
       // A file that crashed (or whose hooks failed) without a failing test still fails the suite.
-      if (code !== 0 && failed === 0) failed = 1;
+      if ((code !== 0 || timedOut) && failed === 0) failed = 1;
       const other = (count(text, 'skipped') ?? 0) + (count(text, 'todo') ?? 0);
       if (!stream)
         process.stdout.write(
@@ -244,7 +302,8 @@ function runJob(job: Job): Promise<JobResult> {
         );
       say(
         `${failed === 0 ? 'ok' : 'FAILED'} ${job.name}: ${passed + failed} tests, ` +
-          `${failed === 0 ? 'all passed' : `${failed} failing`}, ${mmss(ms)}`,
+          `${failed === 0 ? 'all passed' : `${failed} failing`}, ${mmss(ms)}` +
+          (timedOut ? ` (timed out at ${mmss(jobLimitMs(job))})` : ''),
       );
       resolve({ job, passed, failed, other, ms, code });
     });

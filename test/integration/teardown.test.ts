@@ -29,6 +29,24 @@ sweepWorkDirs();
 // A process that ignores SIGTERM (like the stranded apiserver of the issue).
 const STUBBORN = JSON.stringify("process.on('SIGTERM', () => {}); setInterval(() => {}, 60_000);");
 
+// A test that starts a SIGTERM-ignoring process, reports, then never ends.
+const HANG_FIXTURE = `
+import { renameSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { startProcess } from ${groundModule('proc.ts')};
+test('start something, then hang', async () => {
+  const dir = process.env.VK_TEST_GROUND_DIR ?? '';
+  const stubborn = startProcess(process.execPath, ['-e', ${STUBBORN}], { logFile: join(dir, 'stubborn.log') }).pid;
+  // Written whole, then renamed: the test polls for the file and parses it at once.
+  writeFileSync(process.env.FIXTURE_OUT + '.tmp', JSON.stringify({
+    dir, registry: process.env.VK_GROUND_PIDS, self: process.pid, stubborn,
+  }));
+  renameSync(process.env.FIXTURE_OUT + '.tmp', process.env.FIXTURE_OUT ?? '');
+  await new Promise(() => setInterval(() => {}, 60_000));
+});
+`;
+
 interface FixtureReport {
   dir: string;
   registry: string;
@@ -141,22 +159,7 @@ test('restart the apiserver (its new PID stays in this process) and fail', async
       timeout: SCENARIO_TIMEOUT,
     }, async (t) => {
       const fx = fixtureDir(t, {
-        'hang.test.mts': `
-import { renameSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
-import { test } from 'node:test';
-import { startProcess } from ${groundModule('proc.ts')};
-test('start something, then hang', async () => {
-  const dir = process.env.VK_TEST_GROUND_DIR ?? '';
-  const stubborn = startProcess(process.execPath, ['-e', ${STUBBORN}], { logFile: join(dir, 'stubborn.log') }).pid;
-  // Written whole, then renamed: the test polls for the file and parses it at once.
-  writeFileSync(process.env.FIXTURE_OUT + '.tmp', JSON.stringify({
-    dir, registry: process.env.VK_GROUND_PIDS, self: process.pid, stubborn,
-  }));
-  renameSync(process.env.FIXTURE_OUT + '.tmp', process.env.FIXTURE_OUT ?? '');
-  await new Promise(() => setInterval(() => {}, 60_000));
-});
-`,
+        'hang.test.mts': HANG_FIXTURE,
       });
       const outFile = join(fx, 'report.json');
       const run = start(t, ['ground/run-tests.ts', join(fx, 'hang.test.mts')], { FIXTURE_OUT: outFile });
@@ -181,6 +184,54 @@ test('start something, then hang', async () => {
       for (const want of ['etcd', 'kube-apiserver', registryCommandName()]) {
         assert.ok(recordedNames(rep.dir).includes(want), `${want} recorded`);
       }
+      await assertNothingLeft(rep.dir, r.out);
+    });
+  });
+
+  describe('npm test: jobs past their limit', () => {
+    test('a hang and a test whose output a leftover process holds: interrupted, counted failed, the holder named, all stopped', {
+      timeout: SCENARIO_TIMEOUT,
+    }, async (t) => {
+      const fx = fixtureDir(t, {
+        'hang.test.mts': HANG_FIXTURE,
+        // Passes, leaving behind a process that holds the job's output pipe.
+        'leak.test.mts': `
+import { spawn } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { test } from 'node:test';
+test('leave a holder of stdout behind', () => {
+  const holder = spawn('sleep', ['600'], { stdio: ['ignore', 'inherit', 'inherit'], detached: true });
+  holder.unref();
+  writeFileSync(process.env.FIXTURE_OUT + '.holder', String(holder.pid));
+});
+`,
+      });
+      const outFile = join(fx, 'report.json');
+      const run = start(t, ['ground/run-tests.ts', join(fx, 'hang.test.mts'), join(fx, 'leak.test.mts')], {
+        FIXTURE_OUT: outFile,
+        VK_TEST_JOB_TIMEOUT: '20',
+      });
+      const r = await run.exited;
+      assert.equal(r.code, 1, r.out);
+      const rep = JSON.parse(readFileSync(outFile, 'utf8')) as FixtureReport;
+      trackWorkDir(t, rep.dir);
+      const holder = Number(readFileSync(`${outFile}.holder`, 'utf8'));
+      assert.match(r.out, /^suite: \[\d+:\d\d\] TIMED OUT \S*hang\.test\.mts after 0:2\d: interrupting it/m);
+      // node --test's own account of the interrupted file, then the runner's verdict.
+      assert.match(r.out, /Interrupted while running/);
+      assert.match(r.out, /FAILED \S*hang\.test\.mts: 1 tests, 1 failing, \d:\d\d \(timed out at 0:20\)/);
+      // The leak's test passed, but node --test waits for its output, which `sleep` holds.
+      assert.match(
+        r.out,
+        new RegExp(
+          `TIMED OUT \\S*leak\\.test\\.mts after 0:2\\d: interrupting it; its test output is held open by ${holder} sleep 600`,
+        ),
+      );
+      assert.match(r.out, /FAILED \S*leak\.test\.mts: \d+ tests?, 1 failing, \d:\d\d \(timed out at 0:20\)/);
+      assert.match(r.out, /^suite: \d+ passed, 2 failed in /m);
+      assert.equal(procStart(rep.self), undefined, 'the test file process is gone');
+      assert.equal(procStart(rep.stubborn), undefined, 'what it started (ignoring SIGTERM) is gone');
+      assert.equal(procStart(holder), undefined, 'the pipe holder is gone');
       await assertNothingLeft(rep.dir, r.out);
     });
   });
