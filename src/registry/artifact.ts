@@ -1,7 +1,8 @@
 /**
  * Snapshot artifacts, pure (docs/registry.md "Snapshot artifact format"): media types, manifest classification and reader
  * validation (docs/registry.md "Reader validation"), image-index resolution, the config blob, and the translation into the
- * `cocoon snapshot import` tar (docs/registry.md "Pull flow" step 3: the snapshot.json envelope and the entry plan).
+ * `cocoon snapshot import` tar (docs/registry.md "Pull flow" step 3: the snapshot.json envelope; the entry plan is
+ * import-plan.ts).
  * Nothing here does I/O; every check fails closed before a byte is streamed.
  */
 import * as v from 'valibot';
@@ -48,6 +49,9 @@ export const TITLE_ANNOTATION = 'org.opencontainers.image.title';
 export const MAX_CONFIG_BYTES = 64 * 1024 * 1024;
 /** Largest manifest a reader accepts (distribution's own limit is 4 MiB). */
 export const MAX_MANIFEST_BYTES = 4 * 1024 * 1024;
+
+/** A v2 layer type's suffix for a zstd-compressed blob (docs/registry.md "The v2 format"). */
+export const ZSTD_SUFFIX = '+zstd';
 
 /** Snapshot layer media types (docs/registry.md "Media types"). */
 export const SNAPSHOT_LAYER_TYPES: ReadonlySet<string> = new Set([
@@ -330,8 +334,10 @@ export function validateSnapshotManifest(doc: ManifestDocument): Decoded<Snapsho
   const layers: SnapshotLayer[] = [];
   const seen = new Set<string>();
   for (const [i, layer] of m.layers.entries()) {
-    const base =
-      version === 2 && layer.mediaType.endsWith('+zstd') ? layer.mediaType.slice(0, -5) : layer.mediaType;
+    const zstd = layer.mediaType.endsWith(ZSTD_SUFFIX);
+    const base = zstd ? layer.mediaType.slice(0, -ZSTD_SUFFIX.length) : layer.mediaType;
+    if (zstd && version === 1 && SNAPSHOT_LAYER_TYPES.has(base))
+      return { ok: false, error: `layer ${i}: zstd-compressed but manifest is not v2` };
     if (!SNAPSHOT_LAYER_TYPES.has(base)) {
       return {
         ok: false,
@@ -362,6 +368,7 @@ const FileInfoSchema = v.looseObject({
   size: v.optional(v.pipe(v.number(), v.safeInteger(), v.minValue(0))),
   sparseMap: v.optional(OPAQUE),
   sparseSize: v.optional(OPAQUE),
+  chunks: v.optional(v.array(DIGEST)),
 });
 
 const COUNT = v.optional(v.pipe(v.number(), v.safeInteger(), v.minValue(0)));
@@ -393,6 +400,8 @@ export interface SnapshotFileInfo {
   readonly sparseMap?: string | number;
   /** Opaque PAX value, written back verbatim as `COCOON.sparse.size`. */
   readonly sparseSize?: string | number;
+  /** v2: the file's blobs in order (authoritative over layer order and annotations). */
+  readonly chunks?: readonly string[];
 }
 
 /** The snapshot config blob (camelCase; unknown fields are kept in `raw`). */
@@ -517,87 +526,3 @@ export const DEFAULT_FILE_MODE = 0o640;
 export const ENVELOPE_MODE = 0o644;
 export const SPARSE_MAP_PAX = 'COCOON.sparse.map';
 export const SPARSE_SIZE_PAX = 'COCOON.sparse.size';
-
-/** One layer entry of the import tar. */
-export interface TarLayerEntry {
-  readonly layer: SnapshotLayer;
-  readonly name: string;
-  readonly size: number;
-  readonly mode: number;
-  /** PAX records, present only for files the config marks sparse. */
-  readonly pax?: Readonly<Record<string, string>>;
-}
-
-/** Why a value cannot go into a PAX record (`key=value\n`): a newline would end the record early. */
-function paxValue(what: string, value: string | number): string {
-  const text = String(value);
-  if (text.includes('\n')) throw new Error(`${what} contains a newline`);
-  return text;
-}
-
-/**
- * The layer entries of the import tar, in manifest order (docs/registry.md "Pull flow" step 3): name =
- * title, size = blob size, mode = `files[title].mode` or 0640, and PAX records
- * `COCOON.sparse.map` / `COCOON.sparse.size` when the config marks the file sparse.
- */
-export function planTarEntries(manifest: SnapshotManifest, config: SnapshotConfig): Decoded<TarLayerEntry[]> {
-  const entries: TarLayerEntry[] = [];
-  for (const layer of manifest.layers) {
-    const info = Object.hasOwn(config.files, layer.title) ? config.files[layer.title] : undefined;
-    let pax: Record<string, string> | undefined;
-    try {
-      if (info?.sparseMap !== undefined || info?.sparseSize !== undefined) {
-        pax = {};
-        if (info.sparseMap !== undefined)
-          pax[SPARSE_MAP_PAX] = paxValue(`files[${layer.title}].sparseMap`, info.sparseMap);
-        if (info.sparseSize !== undefined) {
-          pax[SPARSE_SIZE_PAX] = paxValue(`files[${layer.title}].sparseSize`, info.sparseSize);
-        }
-      }
-    } catch (error) {
-      return { ok: false, error: `snapshot config: ${(error as Error).message}` };
-    }
-    entries.push({
-      layer,
-      name: layer.title,
-      size: layer.size,
-      mode: info?.mode ?? DEFAULT_FILE_MODE,
-      ...(pax ? { pax } : {}),
-    });
-  }
-  return { ok: true, value: entries };
-}
-
-// --- Read-ahead planning (docs/registry.md "Pull flow" step 4) ----------------------------------------------------
-
-/** What the read-ahead scheduler knows about one layer. */
-export interface ReadAheadState {
-  /** Index of the layer being written into the tar now. */
-  readonly head: number;
-  /** Layer sizes in manifest order. */
-  readonly sizes: readonly number[];
-  /** Layers whose download has started (the head included once it runs). */
-  readonly started: ReadonlySet<number>;
-  /** Downloads in flight now (all layers). */
-  readonly inFlight: number;
-  /** Most parallel downloads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
-  readonly concurrency: number;
-  /** Bytes of the read-ahead budget not reserved by buffered layers. */
-  readonly freeBudget: number;
-}
-
-/**
- * The next layer to download ahead of the tar writer, or `undefined`. A layer is read ahead
- * only when its whole size fits in the free budget (so a buffered download never stalls on a
- * paused socket); layers after the head are considered in manifest order and one that does not
- * fit is skipped in favour of a later smaller one. The head itself is never planned here: it
- * streams straight into the tar.
- */
-export function nextReadAhead(s: ReadAheadState): number | undefined {
-  if (s.inFlight >= s.concurrency) return undefined;
-  for (let i = s.head + 1; i < s.sizes.length; i++) {
-    if (s.started.has(i)) continue;
-    if (s.sizes[i]! <= s.freeBudget) return i;
-  }
-  return undefined;
-}

@@ -2,15 +2,16 @@
  * Snapshot pull (docs/registry.md "Pull flow"; docs/contracts/pod-to-vm.md "Bring-up: clone" step 3): a snapshot artifact streamed from
  * the registry into `cocoon snapshot import`.
  *
- * 1. GET the manifest (index resolved), classify, require a v1 snapshot; GET and validate the
- *    config — all before anything is streamed.
+ * 1. GET the manifest (index resolved), classify, require a v1 or v2 snapshot; GET and validate
+ *    the config and plan the tar (import-plan.ts) — all before anything is streamed.
  * 2. `snapshot rm <local>` (idempotency), then `snapshot import --name <local>
- *    [--description <d>]` with a tar on stdin: `snapshot.json` first, then one entry per layer
- *    in manifest order, each blob hashed while it streams.
+ *    [--description <d>]` with a tar on stdin: `snapshot.json` first, then one entry per file
+ *    (v1: per layer in manifest order; v2: its chunks in `chunks` order, zstd-decompressed,
+ *    entry-body.ts), each blob hashed while it streams.
  * 3. Close stdin, wait for exit 0, `snapshot inspect <local>`.
  *
- * The head layer streams straight from the registry into the tar (backpressure from cocoon);
- * later layers that fit in the `SNAPSHOT_PULL_BUDGET_MIB` read-ahead budget download in
+ * The head blob streams straight from the registry into the tar (backpressure from cocoon);
+ * later blobs that fit in the `SNAPSHOT_PULL_BUDGET_MIB` read-ahead budget download in
  * parallel (`SNAPSHOT_TRANSFER_CONCURRENCY`), each keeping at most a small window (256 KiB) in
  * memory and spilling the rest to a temporary file until its turn; once it is the head, it
  * waits for cocoon instead. Memory is therefore bounded by the concurrency, not the snapshot or
@@ -33,14 +34,13 @@ import { localSnapshotName, splitCloneImage } from '../vmspec/snapshot-name.ts';
 import {
   ENVELOPE_MODE,
   MAX_CONFIG_BYTES,
-  nextReadAhead,
   parseSnapshotConfig,
-  planTarEntries,
   snapshotEnvelope,
-  type TarLayerEntry,
   validateSnapshotManifest,
 } from './artifact.ts';
 import type { RegistryClient } from './client.ts';
+import { EntryBodyError, entryBody } from './entry-body.ts';
+import { nextReadAhead, planTarEntries, type TarLayerEntry, type TarPart } from './import-plan.ts';
 import { parseReference, type Reference } from './reference.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
 
@@ -125,11 +125,6 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   if (fetched === 'absent') throw fail('not found in the registry', { absent: true });
   const manifest = validateSnapshotManifest(fetched.document);
   if (!manifest.ok) throw fail(manifest.error, { undecodable: true });
-  if (manifest.value.version !== 1) {
-    throw fail(`snapshot format v${manifest.value.version} is not supported by this reader (v1 only)`, {
-      undecodable: true,
-    });
-  }
   const configBytes = await registry
     .getBlobBytes(name, manifest.value.config, MAX_CONFIG_BYTES, opts.signal)
     .catch((error: unknown) => {
@@ -141,11 +136,14 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   if (!entries.ok) throw fail(entries.error, { undecodable: true });
   const envelope = Buffer.from(JSON.stringify(snapshotEnvelope(config.value, localName)));
   const total = entries.value.reduce((sum, e) => sum + e.size, 0);
+  const blobs = entries.value.flatMap((e) => e.parts);
   log.info(
     {
       digest: fetched.digest,
       snapshotId: config.value.snapshotId,
-      layers: entries.value.length,
+      format: `v${manifest.value.version}`,
+      files: entries.value.length,
+      blobs: blobs.length,
       totalBytes: total,
     },
     'snapshot pull: starting import',
@@ -189,8 +187,8 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
     return join(await spillDir, String(spillSeq++));
   };
   const readAhead = new ReadAhead({
-    entries: entries.value,
-    fetch: (entry) => registry.getBlob(name, entry.layer, signal),
+    blobs,
+    fetch: (part) => registry.getBlob(name, part.layer, signal),
     budgetBytes: Math.max(0, opts.budgetMiB ?? DEFAULT_PULL_BUDGET_MIB) * MiB,
     concurrency: Math.max(1, opts.concurrency ?? DEFAULT_TRANSFER_CONCURRENCY),
     windowBytes: Math.max(1, opts.readAheadWindowBytes ?? DEFAULT_READ_AHEAD_WINDOW_BYTES),
@@ -225,7 +223,8 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
     await removeSnapshot(cli, localName, undefined).catch((error: unknown) => {
       log.warn({ err: (error as Error).message }, 'snapshot pull: cleanup failed');
     });
-    throw fail(describeCause(cause, opts.signal), { cause });
+    // Blobs that verify but do not decode into the planned file are the artifact's fault: no retry mends them.
+    throw fail(describeCause(cause, opts.signal), { cause, undecodable: cause instanceof EntryBodyError });
   }
 
   // 3. The imported record.
@@ -342,7 +341,7 @@ async function* once(buffer: Buffer): AsyncIterable<Buffer> {
   yield buffer;
 }
 
-/** snapshot.json, then every layer in manifest order; finalizes the tar. */
+/** snapshot.json, then every file in plan order; finalizes the tar. */
 async function writeImportTar(
   pack: Pack,
   envelope: Buffer,
@@ -359,12 +358,16 @@ async function writeImportTar(
     signal,
     () => {},
   );
-  for (const [i, entry] of entries.entries()) {
+  let first = 0; // the entry's first blob in the read-ahead's order
+  for (const entry of entries) {
     signal.throwIfAborted();
     const header: EntryHeader = { name: entry.name, mode: entry.mode, size: entry.size, mtime, type: 'file' };
     if (entry.pax) header.pax = { ...entry.pax };
     progress.current = entry.name;
-    await writeEntry(pack, header, readAhead.take(i), signal, (n) => progress.wrote(n));
+    const base = first;
+    const body = entryBody(entry, (k) => readAhead.take(base + k));
+    await writeEntry(pack, header, body, signal, (n) => progress.wrote(n));
+    first += entry.parts.length;
   }
   pack.finalize();
 }
@@ -612,8 +615,9 @@ export class SpillBlob {
 }
 
 interface ReadAheadOptions {
-  readonly entries: readonly TarLayerEntry[];
-  readonly fetch: (entry: TarLayerEntry) => Promise<Readable>;
+  /** Every blob of the snapshot, in the order the tar takes them. */
+  readonly blobs: readonly TarPart[];
+  readonly fetch: (part: TarPart) => Promise<Readable>;
   readonly budgetBytes: number;
   readonly concurrency: number;
   /** Bytes of one download held in memory before the rest spills to disk. */
@@ -643,10 +647,10 @@ class ReadAhead {
 
   constructor(o: ReadAheadOptions) {
     this.#o = o;
-    this.#sizes = o.entries.map((e) => e.size);
+    this.#sizes = o.blobs.map((b) => b.layer.size);
   }
 
-  /** The bytes of layer `i`, which becomes the head. */
+  /** The bytes of blob `i`, which becomes the head. */
   async *take(i: number): AsyncIterable<Buffer> {
     this.#head = i;
     const buffered = this.#buffers.get(i);
@@ -663,7 +667,7 @@ class ReadAhead {
     this.#inFlight++;
     this.#schedule();
     try {
-      const stream = await this.#o.fetch(this.#o.entries[i]!);
+      const stream = await this.#o.fetch(this.#o.blobs[i]!);
       for await (const chunk of stream) {
         this.#o.progress.downloaded(chunk.length);
         yield chunk as Buffer;
@@ -708,7 +712,7 @@ class ReadAhead {
     const producing = (async () => {
       let stream: Readable | undefined;
       try {
-        stream = await this.#o.fetch(this.#o.entries[i]!);
+        stream = await this.#o.fetch(this.#o.blobs[i]!);
         for await (const chunk of stream) {
           this.#o.progress.downloaded((chunk as Buffer).length);
           await blob.push(chunk as Buffer);

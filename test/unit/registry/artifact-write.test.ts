@@ -5,7 +5,6 @@ import {
   MEDIA_TYPE,
   parseManifestDocument,
   parseSnapshotConfig,
-  planTarEntries,
   validateSnapshotManifest,
 } from '../../../src/registry/artifact.ts';
 import {
@@ -17,6 +16,7 @@ import {
   rfc3339Utc,
   snapshotConfigFromEnvelope,
 } from '../../../src/registry/artifact-write.ts';
+import { planTarEntries } from '../../../src/registry/import-plan.ts';
 
 const ID = 'D2M6QK7ZP4X3NWB5RT2YHCL7VA';
 const digest = (s: string) => `sha256:${createHash('sha256').update(s).digest('hex')}`;

@@ -9,93 +9,14 @@ import {
   MAX_CONFIG_BYTES,
   type ManifestDocument,
   MEDIA_TYPE,
-  nextReadAhead,
   parseManifestDocument,
   parseSnapshotConfig,
-  planTarEntries,
   type SnapshotManifest,
   selectIndexChild,
   snapshotEnvelope,
   validateSnapshotManifest,
 } from '../../../src/registry/artifact.ts';
-
-const d = (n: number) => `sha256:${n.toString(16).padStart(64, '0')}`;
-
-/** The §4.1 example manifest. */
-function exampleManifest(over: Record<string, unknown> = {}): Record<string, unknown> {
-  const layer = (mediaType: string, n: number, size: number, title: string) => ({
-    mediaType,
-    digest: d(n),
-    size,
-    annotations: { 'org.opencontainers.image.title': title },
-  });
-  return {
-    schemaVersion: 2,
-    mediaType: MEDIA_TYPE.ociManifest,
-    artifactType: MEDIA_TYPE.snapshotV1,
-    config: { mediaType: MEDIA_TYPE.snapshotConfig, digest: d(1), size: 912 },
-    layers: [
-      layer(MEDIA_TYPE.vmConfig, 2, 4211, 'config.json'),
-      layer(MEDIA_TYPE.vmState, 3, 88123, 'state.json'),
-      layer(MEDIA_TYPE.vmMemory, 4, 4294967296, 'memory-ranges'),
-      layer(MEDIA_TYPE.diskQcow2, 5, 1871052800, 'overlay.qcow2'),
-      layer(MEDIA_TYPE.vmCidata, 6, 376832, 'cidata.img'),
-    ],
-    annotations: {
-      'org.opencontainers.image.created': '2026-08-12T09:30:00Z',
-      'cocoonstack.snapshot.baseimage': 'cocoon/ubuntu-hot:v1',
-      'cocoonstack.snapshot.id': 'legacy-ignored',
-    },
-    ...over,
-  };
-}
-
-/** The §4.2 example config. */
-function exampleConfig(over: Record<string, unknown> = {}): Record<string, unknown> {
-  return {
-    schemaVersion: 'v1',
-    snapshotId: 'D2M6QK7ZP4X3NWB5RT2YHCL7VA',
-    image: 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04',
-    imageDigest: 'sha256:5f1c0d9e7a6b4c3d2e1f0a9b8c7d6e5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d',
-    imageType: 'oci',
-    imageBlobIds: { '9c1e0d': {} },
-    hypervisor: 'cloud-hypervisor',
-    cpu: 2,
-    memory: 2147483648,
-    storage: 21474836480,
-    nics: 1,
-    network: 'cocoon-dhcp',
-    files: {
-      'memory-ranges': { mode: 420, size: 4294967296 },
-      'overlay.qcow2': { mode: 416, size: 1871052800 },
-    },
-    createdAt: '2026-08-12T09:29:41Z',
-    ...over,
-  };
-}
-
-function doc(obj: unknown, contentType = ''): ManifestDocument {
-  const r = parseManifestDocument(JSON.stringify(obj), contentType);
-  assert.ok(r.ok, r.ok ? '' : r.error);
-  return r.value;
-}
-
-function snapshot(obj: Record<string, unknown> = exampleManifest()): SnapshotManifest {
-  const r = validateSnapshotManifest(doc(obj));
-  assert.ok(r.ok, r.ok ? '' : r.error);
-  return r.value;
-}
-
-function expectInvalid(obj: unknown, pattern: RegExp): void {
-  const parsed = parseManifestDocument(JSON.stringify(obj));
-  if (!parsed.ok) {
-    assert.match(parsed.error, pattern);
-    return;
-  }
-  const r = validateSnapshotManifest(parsed.value);
-  assert.equal(r.ok, false);
-  if (!r.ok) assert.match(r.error, pattern);
-}
+import { d, doc, exampleConfig, exampleManifest, expectInvalid, snapshot } from './artifact-fixtures.ts';
 
 describe('media types (registry.md §3, §4.1)', () => {
   it('the Accept header lists OCI and Docker manifests and indexes', () => {
@@ -296,6 +217,10 @@ describe('validateSnapshotManifest (fail closed, registry.md §4.3)', () => {
     );
     expectInvalid(
       exampleManifest({ layers: layers(`${MEDIA_TYPE.vmMemory}+zstd`) }),
+      /layer 0: zstd-compressed but manifest is not v2/,
+    );
+    expectInvalid(
+      exampleManifest({ layers: layers('application/x-unknown+zstd') }),
       /not a snapshot layer type/,
     );
     const v2 = validateSnapshotManifest(
@@ -424,109 +349,5 @@ describe('snapshotEnvelope (registry.md §5 step 3, cocoon-cli.md §3.4)', () =>
     );
     assert.ok(c.ok);
     assert.deepEqual(snapshotEnvelope(c.value, 'n'), { version: 1, config: { id: 'X', name: 'n' } });
-  });
-});
-
-describe('planTarEntries (registry.md §5 step 3)', () => {
-  it('one entry per layer in manifest order: title, blob size, files[].mode or 0640', () => {
-    const c = parseSnapshotConfig(JSON.stringify(exampleConfig()), snapshot());
-    assert.ok(c.ok);
-    const plan = planTarEntries(snapshot(), c.value);
-    assert.ok(plan.ok);
-    assert.deepEqual(
-      plan.value.map((e) => [e.name, e.size, e.mode.toString(8), e.pax]),
-      [
-        ['config.json', 4211, '640', undefined],
-        ['state.json', 88123, '640', undefined],
-        ['memory-ranges', 4294967296, '644', undefined],
-        ['overlay.qcow2', 1871052800, '640', undefined],
-        ['cidata.img', 376832, '640', undefined],
-      ],
-    );
-  });
-
-  it('PAX records COCOON.sparse.map / .size verbatim for files the config marks sparse', () => {
-    const files = {
-      'overlay.qcow2': { mode: 416, sparseMap: '0,4096,1048576,8192', sparseSize: 1871052800 },
-      'cidata.img': { sparseSize: '376832' },
-    };
-    const c = parseSnapshotConfig(JSON.stringify(exampleConfig({ files })), snapshot());
-    assert.ok(c.ok);
-    const plan = planTarEntries(snapshot(), c.value);
-    assert.ok(plan.ok);
-    assert.deepEqual(plan.value[3]!.pax, {
-      'COCOON.sparse.map': '0,4096,1048576,8192',
-      'COCOON.sparse.size': '1871052800',
-    });
-    assert.deepEqual(plan.value[4]!.pax, { 'COCOON.sparse.size': '376832' });
-    assert.equal(plan.value[3]!.mode, 0o640);
-  });
-
-  it('refuses a sparse value with a newline (it would corrupt the PAX record)', () => {
-    const c = parseSnapshotConfig(
-      JSON.stringify(exampleConfig({ files: { 'state.json': { sparseMap: '1\nCOCOON.x=y' } } })),
-      snapshot(),
-    );
-    assert.ok(c.ok);
-    const plan = planTarEntries(snapshot(), c.value);
-    assert.equal(plan.ok, false);
-  });
-});
-
-describe('nextReadAhead (registry.md §5 step 4)', () => {
-  const MiB = 1024 * 1024;
-  const base = {
-    head: 0,
-    sizes: [1, 10 * MiB, 4000 * MiB, 1800 * MiB, 5],
-    started: new Set([0]),
-    inFlight: 1,
-    concurrency: 8,
-    freeBudget: 2048 * MiB,
-  };
-
-  it('reads ahead the next layer that fits in the free budget, skipping one that does not', () => {
-    assert.equal(nextReadAhead(base), 1);
-    assert.equal(nextReadAhead({ ...base, started: new Set([0, 1]) }), 3);
-    assert.equal(nextReadAhead({ ...base, started: new Set([0, 1, 3]), freeBudget: 248 * MiB }), 4);
-    assert.equal(nextReadAhead({ ...base, started: new Set([0, 1, 3, 4]) }), undefined);
-  });
-
-  it('never more than the concurrency, never the head or earlier layers', () => {
-    assert.equal(nextReadAhead({ ...base, inFlight: 8 }), undefined);
-    assert.equal(nextReadAhead({ ...base, head: 4, started: new Set([0, 1, 2, 3, 4]) }), undefined);
-    assert.equal(nextReadAhead({ ...base, head: 2, started: new Set([2]) }), 3);
-  });
-
-  it('a zero budget reads nothing ahead except empty layers', () => {
-    assert.equal(nextReadAhead({ ...base, freeBudget: 0 }), undefined);
-    assert.equal(nextReadAhead({ ...base, sizes: [1, 0], freeBudget: 0 }), 1);
-  });
-
-  it('property: the chosen layer is after the head, unstarted and fits', () => {
-    fc.assert(
-      fc.property(
-        fc.array(fc.nat(100), { minLength: 1, maxLength: 12 }),
-        fc.nat(11),
-        fc.nat(200),
-        fc.nat(4),
-        fc.nat(4),
-        fc.array(fc.nat(11)),
-        (sizes, head, freeBudget, inFlight, extra, startedList) => {
-          const started = new Set(startedList);
-          const got = nextReadAhead({
-            head,
-            sizes,
-            started,
-            inFlight,
-            concurrency: inFlight + extra,
-            freeBudget,
-          });
-          if (got === undefined) {
-            return extra === 0 || sizes.every((s, i) => i <= head || started.has(i) || s > freeBudget);
-          }
-          return got > head && !started.has(got) && sizes[got]! <= freeBudget && extra > 0;
-        },
-      ),
-    );
   });
 });
