@@ -52,6 +52,8 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/vm-events.test.ts': { estimate: 40 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
   'test/integration/registry-push.test.ts': { estimate: 15 },
+  // oras uploads of hand-made v2 vectors, clones and a wake from them (11 s alone).
+  'test/integration/registry-v2.test.ts': { estimate: 15 },
   'test/integration/run-artifacts.test.ts': { estimate: 15 },
   unit: { estimate: 40 },
   'test/integration/stale-creates.test.ts': { estimate: 35 },

@@ -13,6 +13,7 @@ export PATH="$root/node_modules/.bin:$PATH"
 node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
 echo "kubernetes: $(head -1 "$(bash scripts/testbin.sh 2>/dev/null)/VERSION")"
 VK_CRANE_BIN="$(bash scripts/cranebin.sh | tail -1)/crane"; export VK_CRANE_BIN; echo "crane: $("$VK_CRANE_BIN" version) (registry conformance client, scripts/cranebin.sh)"
+VK_ORAS_BIN="$(bash scripts/orasbin.sh | tail -1)/oras"; export VK_ORAS_BIN; echo "oras: $(head -1 "$(dirname "$VK_ORAS_BIN")/VERSION" | tr -s ' ') (second independent OCI client: v2 vectors, scripts/orasbin.sh)"
 VK_DISTRIBUTION_BIN="$(bash scripts/distributionbin.sh | tail -1)/registry"; export VK_DISTRIBUTION_BIN; echo "registry: $(cat "$(dirname "$VK_DISTRIBUTION_BIN")/VERSION") (the ground's default, scripts/distributionbin.sh; VK_REGISTRY_KIND=docker-registry for Debian's 2.8)"
 VK_METRICS_SERVER_BIN="$(bash scripts/metricsserverbin.sh | tail -1)/metrics-server"; export VK_METRICS_SERVER_BIN; echo "$(cat "$(dirname "$VK_METRICS_SERVER_BIN")/VERSION") (kubectl top, scripts/metricsserverbin.sh)"
 if [ $# -gt 0 ]; then
