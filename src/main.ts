@@ -161,6 +161,8 @@ async function main(argv: string[]): Promise<number> {
         lifetime: lifetime.signal,
         concurrency: config.snapshotTransferConcurrency,
         pullBudgetMiB: config.snapshotPullBudgetMiB,
+        v2: { zstdLevel: config.snapshotZstdLevel, chunkBytes: config.snapshotChunkSizeMiB * 1024 * 1024 },
+        spoolBudgetMiB: config.snapshotMemoryBudgetMiB,
         onPullDone,
       })
     : undefined;

@@ -295,17 +295,23 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
       'client-side heartbeat write burst (>= VK_KUBE_HEARTBEAT_QPS; unset: twice VK_KUBE_HEARTBEAT_QPS)',
   },
   { name: 'SNAPSHOT_TRANSFER_CONCURRENCY', default: '8', meaning: 'parallel registry blob transfers' },
-  { name: 'SNAPSHOT_MEMORY_BUDGET_MIB', default: '9216', meaning: 'push buffering cap' },
+  {
+    name: 'SNAPSHOT_MEMORY_BUDGET_MIB',
+    default: '9216',
+    meaning: 'v2 push: compressed or cut blobs spooled and not yet uploaded, at most (MiB, 64-1048576)',
+  },
   { name: 'SNAPSHOT_PULL_BUDGET_MIB', default: '2048', meaning: 'pull buffering cap' },
   {
     name: 'SNAPSHOT_ZSTD_LEVEL',
     default: '0',
-    meaning: 'v2 snapshot writer: not written yet, so only 0 (v1) starts',
+    meaning:
+      'v2 push: zstd level 1-22 for files of at least 1 MiB; 0 off (with SNAPSHOT_CHUNK_SIZE_MIB also 0: v1)',
   },
   {
     name: 'SNAPSHOT_CHUNK_SIZE_MIB',
     default: '0',
-    meaning: 'v2 snapshot chunking: not written yet, so only 0 (v1) starts',
+    meaning:
+      'v2 push: cut files into chunks of this size (1-4096); 0 off (with SNAPSHOT_ZSTD_LEVEL also 0: v1)',
   },
   ...['EPOCH_URL', 'EPOCH_TOKEN', 'EPOCH_CA_CERT'].map((name) => ({
     name,
@@ -357,20 +363,6 @@ const REFUSED: readonly { name: string; refused: (value: string) => string | und
     name: 'GOOGLE_APPLICATION_CREDENTIALS',
     refused: () =>
       'Google application default credentials are not supported yet: put the registry credentials in the docker config (DOCKER_CONFIG) and unset it',
-  },
-  {
-    name: 'SNAPSHOT_ZSTD_LEVEL',
-    refused: (v) =>
-      v.trim() === '0'
-        ? undefined
-        : 'asks for the v2 snapshot format, which this build does not write yet: set 0 or unset it (v1)',
-  },
-  {
-    name: 'SNAPSHOT_CHUNK_SIZE_MIB',
-    refused: (v) =>
-      v.trim() === '0'
-        ? undefined
-        : 'asks for the v2 snapshot format, which this build does not write yet: set 0 or unset it (v1)',
   },
   {
     name: 'EPOCH_URL',
@@ -583,7 +575,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     snapshotMemoryBudgetMiB: int('SNAPSHOT_MEMORY_BUDGET_MIB', 9216, 64, 1_048_576),
     snapshotPullBudgetMiB: int('SNAPSHOT_PULL_BUDGET_MIB', 2048, 64, 1_048_576),
     snapshotZstdLevel: int('SNAPSHOT_ZSTD_LEVEL', 0, 0, 22),
-    snapshotChunkSizeMiB: int('SNAPSHOT_CHUNK_SIZE_MIB', 0, 0, 65_536),
+    // cocoon-common v0.3.0 refuses chunks above 4 GiB.
+    snapshotChunkSizeMiB: int('SNAPSHOT_CHUNK_SIZE_MIB', 0, 0, 4096),
     snapshotCpuClass,
     cloneFromDirRoots: cloneDirRoots.roots,
     networkPolicy: networks.policy,

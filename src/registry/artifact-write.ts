@@ -182,9 +182,10 @@ function camelCase(key: string): string {
 export function snapshotConfigFromEnvelope(
   envelope: ExportEnvelope,
   files: Readonly<Record<string, SnapshotFileInfo>>,
+  version: 1 | 2 = 1,
 ): Decoded<Buffer> {
   const c = envelope.config;
-  const out: Record<string, unknown> = { schemaVersion: 'v1', snapshotId: envelope.id };
+  const out: Record<string, unknown> = { schemaVersion: `v${version}`, snapshotId: envelope.id };
   const known = new Set(KNOWN_KEYS.map(([k]) => k));
   for (const [from, to] of KNOWN_KEYS) if (!isEmpty(c[from])) out[to] = c[from];
   for (const [key, value] of Object.entries(c)) {
@@ -197,7 +198,7 @@ export function snapshotConfigFromEnvelope(
   if (typeof c.created_at === 'string' && c.created_at !== '') out.createdAt = c.created_at;
   const bytes = Buffer.from(JSON.stringify(out));
   const check = parseSnapshotConfig(bytes, {
-    version: 1,
+    version,
     config: CHECK_DESCRIPTOR,
     layers: [],
     annotations: {},
@@ -225,6 +226,8 @@ export interface WrittenLayer {
   readonly mediaType: string;
   readonly digest: string;
   readonly size: number;
+  /** After the title (v2 chunks: `cocoonstack.chunk.index` / `.count`). */
+  readonly annotations?: Readonly<Record<string, string>>;
 }
 
 export interface SnapshotManifestInput {
@@ -238,11 +241,13 @@ export interface SnapshotManifestInput {
   readonly fromNode?: string;
   /** Already checked with {@link checkCallerAnnotations}. */
   readonly annotations?: Readonly<Record<string, string>>;
+  /** The format (default 1): the artifact type, `...snapshot.v<version>+json`. */
+  readonly version?: 1 | 2;
 }
 
 /**
- * The OCI manifest of a v1 snapshot (docs/registry.md "Manifest annotations"): artifactType, config
- * descriptor, one titled layer per file, and annotations in this order — `created` (always),
+ * The OCI manifest of a snapshot (docs/registry.md "Manifest annotations"): artifactType, config
+ * descriptor, one titled layer per blob (v1: per file), and annotations in this order — `created` (always),
  * `baseimage` (when set), `from-node` (hibernate re-put), then the caller's. Pretty-printed with
  * 2-space indentation; the digest is of exactly these bytes.
  */
@@ -257,13 +262,13 @@ export function buildSnapshotManifest(m: SnapshotManifestInput): Buffer {
   const doc = {
     schemaVersion: 2,
     mediaType: MEDIA_TYPE.ociManifest,
-    artifactType: MEDIA_TYPE.snapshotV1,
+    artifactType: m.version === 2 ? MEDIA_TYPE.snapshotV2 : MEDIA_TYPE.snapshotV1,
     config: { mediaType: MEDIA_TYPE.snapshotConfig, digest: m.config.digest, size: m.config.size },
     layers: m.layers.map((l) => ({
       mediaType: l.mediaType,
       digest: l.digest,
       size: l.size,
-      annotations: { [TITLE_ANNOTATION]: l.title },
+      annotations: { [TITLE_ANNOTATION]: l.title, ...l.annotations },
     })),
     annotations,
   };

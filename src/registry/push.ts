@@ -3,7 +3,9 @@
  * the identity read (docs/registry.md "Identity read").
  *
  * 1. `cocoon snapshot export <name> -o -`; the tar is read as it streams.
- * 2. `snapshot.json` ⇒ the envelope (checked at once). Then every other regular file, by size:
+ * 2. `snapshot.json` ⇒ the envelope (checked at once). Then every other regular file: under the
+ *    v2 format, one that is compressed or cut goes through v2-write.ts (each blob spooled and
+ *    handed to the uploader as it is done); any other, by size:
  *    - larger than `streamMinMiB` (64) and not seen by this process in this repository before
  *      ({@link knownFiles}): uploaded as it is read — no spool file, no `HEAD` first — in one
  *      PATCH whose body is the tar entry, hashed on the way, the export waiting for the upload;
@@ -58,6 +60,7 @@ import {
 import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError, type StreamedBlob } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
+import { fileLayout, isV2, SpoolBudget, type V2Format, writeV2File } from './v2-write.ts';
 
 /** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
 export const DEFAULT_PUSH_CONCURRENCY = 8;
@@ -115,6 +118,10 @@ export interface PushSnapshotOptions {
    * (then: spool, `HEAD`, upload when missing). See docs/registry.md "Push flow".
    */
   readonly streamMinMiB?: number;
+  /** The v2 format (`SNAPSHOT_ZSTD_LEVEL`, `SNAPSHOT_CHUNK_SIZE_MIB`); absent or both 0: v1. */
+  readonly v2?: V2Format;
+  /** v2: spooled blobs not yet uploaded, at most (MiB, `SNAPSHOT_MEMORY_BUDGET_MIB`, default 9216). */
+  readonly spoolBudgetMiB?: number;
   readonly signal?: AbortSignal;
   readonly log?: Logger;
   /** Progress log cadence (default 5 s). */
@@ -132,11 +139,18 @@ export interface PushResult {
   seconds: number;
 }
 
-/** One exported file, spooled and hashed. */
-interface SpooledLayer extends WrittenLayer {
+/** One blob, spooled and hashed (v1: one per file). */
+interface SpooledBlob extends WrittenLayer {
   readonly file: string;
+}
+
+/** One layer of the manifest, with its file's config entry. */
+interface SpooledLayer extends SpooledBlob {
   readonly info: SnapshotFileInfo;
 }
+
+/** Default `SNAPSHOT_MEMORY_BUDGET_MIB`. */
+export const DEFAULT_SPOOL_BUDGET_MIB = 9216;
 
 /** Pushes the local snapshot `localName` to `<repo>:<tag>`. */
 export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResult> {
@@ -200,6 +214,12 @@ export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResul
         progress,
         log,
         streamMinBytes: Math.max(0, opts.streamMinMiB ?? DEFAULT_STREAM_MIN_MIB) * MiB,
+        v2: isV2(opts.v2)
+          ? {
+              format: opts.v2,
+              budget: new SpoolBudget(Math.max(1, opts.spoolBudgetMiB ?? DEFAULT_SPOOL_BUDGET_MIB) * MiB),
+            }
+          : undefined,
         fileKey: (snapshotId, title, size) =>
           `${registry.base.host}/${name}\n${snapshotId}\n${title}\n${size}`,
       });
@@ -215,7 +235,8 @@ export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResul
     // 4. Config blob, then the manifest.
     const files: Record<string, SnapshotFileInfo> = {};
     for (const l of layers) files[l.title] = l.info;
-    const config = snapshotConfigFromEnvelope(envelope, files);
+    const version: 1 | 2 = isV2(opts.v2) ? 2 : 1;
+    const config = snapshotConfigFromEnvelope(envelope, files, version);
     if (!config.ok) throw fail('export', config.error);
     const configDigest = `sha256:${createHash('sha256').update(config.value).digest('hex')}`;
     let uploadedBytes = progress.uploadedBytes;
@@ -234,8 +255,15 @@ export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResul
     const created = new Date();
     const manifestInput = {
       config: { digest: configDigest, size: config.value.length },
-      layers: layers.map(({ title, mediaType, digest, size }) => ({ title, mediaType, digest, size })),
+      layers: layers.map(({ title, mediaType, digest, size, annotations }) => ({
+        title,
+        mediaType,
+        digest,
+        size,
+        annotations,
+      })),
       created,
+      version,
       baseImage: opts.baseImage,
       annotations: annotations.value,
     };
@@ -372,6 +400,7 @@ interface ExportOptions {
   readonly streamMinBytes: number;
   /** The {@link knownFiles} key of a file of this snapshot. */
   readonly fileKey: (snapshotId: string, title: string, size: number) => string;
+  readonly v2?: { readonly format: V2Format; readonly budget: SpoolBudget };
 }
 
 /**
@@ -436,6 +465,35 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
       const file = join(o.spool, String(layers.length));
       o.progress.file = title.value;
       const declared = h.size ?? 0;
+      const layout = o.v2 ? fileLayout(declared, o.v2.format) : undefined;
+      if (o.v2 && layout && (layout.compress || layout.ranges.length > 1)) {
+        const { budget } = o.v2;
+        let seq = 0;
+        const blobs = await writeV2File(entry as AsyncIterable<Buffer>, {
+          title: title.value,
+          size: declared,
+          mediaType: layerMediaType(title.value),
+          layout,
+          zstdLevel: o.v2.format.zstdLevel,
+          spoolFile: () => `${file}.${seq++}`,
+          budget,
+          signal: o.signal,
+          onBytes: (n) => o.progress.spooled(n),
+          onBlob: (b) =>
+            o.uploader.add({ ...b, title: title.value }, undefined, () => budget.release(b.size)),
+        });
+        const info = exportedFileInfo(
+          title.value,
+          h.mode,
+          declared,
+          h.pax as Record<string, string> | null | undefined,
+        );
+        if (!info.ok) throw new ExportFormatError(`export tar: ${info.error}`);
+        const fileInfo =
+          blobs.length > 1 ? { ...info.value, chunks: blobs.map((b) => b.digest) } : info.value;
+        for (const b of blobs) layers.push({ ...b, title: title.value, info: fileInfo });
+        continue;
+      }
       const key = envelope ? o.fileKey(envelope.id, title.value, declared) : undefined;
       const streamed = declared > o.streamMinBytes && !(key !== undefined && isKnownFile(key));
       let digest: string;
@@ -720,8 +778,9 @@ class LayerUploader {
     this.#o = o;
   }
 
-  /** A spooled layer; `key` remembers it (see {@link knownFiles}) once it is in the registry. */
-  add(layer: SpooledLayer, key: string | undefined): void {
+  /** A spooled blob; `key` remembers it (see {@link knownFiles}) once it is in the registry;
+   * `onDone` runs once its spool file is gone, whatever the outcome. */
+  add(layer: SpooledBlob, key: string | undefined, onDone?: () => void): void {
     const same = this.#byDigest.get(layer.digest);
     const task = same
       ? same.then(() => this.#o.progress.skipped(layer.size))
@@ -733,7 +792,11 @@ class LayerUploader {
         const text = error instanceof Error ? error.message : String(error);
         this.#o.onError(new Error(`layer ${layer.title} (${layer.digest}): ${text}`, { cause: error }));
       })
-      .finally(() => rm(layer.file, { force: true }).catch(() => {}));
+      .finally(() =>
+        rm(layer.file, { force: true })
+          .catch(() => {})
+          .then(() => onDone?.()),
+      );
     this.#all.push(done);
   }
 
@@ -763,7 +826,7 @@ class LayerUploader {
     await Promise.allSettled(this.#all);
   }
 
-  async #upload(layer: SpooledLayer): Promise<void> {
+  async #upload(layer: SpooledBlob): Promise<void> {
     const { registry, name, signal, progress } = this.#o;
     signal.throwIfAborted();
     if (await registry.headBlob(name, layer.digest, signal)) {

@@ -9,6 +9,7 @@ import { ANNOTATION } from './artifact-write.ts';
 import type { RegistryClient } from './client.ts';
 import { PULL_CAP_MS, pullSnapshot } from './pull.ts';
 import { deleteSnapshotTag, pushSnapshot, readSnapshotIdentity, type SnapshotIdentity } from './push.ts';
+import type { V2Format } from './v2-write.ts';
 
 export interface SnapshotStoreOptions {
   readonly registry: RegistryClient;
@@ -17,6 +18,10 @@ export interface SnapshotStoreOptions {
   readonly concurrency?: number;
   readonly pullBudgetMiB?: number;
   readonly spoolDir?: string;
+  /** Push format: v2 when either is set (`SNAPSHOT_ZSTD_LEVEL`, `SNAPSHOT_CHUNK_SIZE_MIB`), else v1. */
+  readonly v2?: V2Format;
+  /** `SNAPSHOT_MEMORY_BUDGET_MIB`: v2 blobs spooled and not yet uploaded, at most. */
+  readonly spoolBudgetMiB?: number;
   /** Metrics hook of the wake pulls: `cocoon_vk_snapshot_pull_total{result}` and its duration. */
   readonly onPullDone?: (result: 'ok' | 'failed', seconds: number) => void;
 }
@@ -72,6 +77,8 @@ export class RegistrySnapshotStore {
       annotations: Object.keys(stamps).length > 0 ? stamps : undefined,
       concurrency: this.#o.concurrency,
       spoolDir: this.#o.spoolDir,
+      v2: this.#o.v2,
+      spoolBudgetMiB: this.#o.spoolBudgetMiB,
       signal: this.#signal(args.signal),
       log: args.log,
     });

@@ -5,7 +5,8 @@
 // manifest. Our daemon then clones from it and wakes from it (stamped with the pod's namespace),
 // with the marker and the snapshot id intact and every file byte-equal; a corrupt chunk, chunks
 // listed out of order and a truncated zstd stream fail the pod with the reason and leave no
-// snapshot behind. oras also lists and fetches what our daemon pushed.
+// snapshot behind. oras also lists and fetches what our daemon pushed, v1 and v2 (our v2 writer's
+// chunks decompressed by Debian's zstd), and our v2 pushes are cloned and woken from.
 import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -18,6 +19,10 @@ import { repoRoot } from '../../ground/cluster.ts';
 import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { run } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
+import { CocoonCli } from '../../src/cocoon/runner.ts';
+import { silentLogger } from '../../src/log.ts';
+import { RegistryClient } from '../../src/registry/client.ts';
+import { pushSnapshot } from '../../src/registry/push.ts';
 import { annotate, fixture, lifecycle, lifecycleMessage, managedAnnotations } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
@@ -77,6 +82,35 @@ async function untar(
   ex.end(bytes);
   await done;
   return out;
+}
+
+/** `cocoon snapshot import --name <name>` of the source files (memory-range-0 grown). */
+async function importSource(name: string): Promise<void> {
+  const pack = tar.pack();
+  const chunks: Buffer[] = [];
+  pack.on('data', (c: unknown) => chunks.push(c as Buffer));
+  const ended = new Promise<void>((resolve) => pack.on('end', () => resolve()));
+  for (const [title, bytes] of files)
+    pack.entry(
+      { name: title, size: bytes.length, mode: 0o644, ...(pax.has(title) ? { pax: pax.get(title) } : {}) },
+      bytes,
+    );
+  pack.finalize();
+  await ended;
+  await run(w.cocoonBin, ['snapshot', 'import', '--name', name], {
+    env: { ...process.env, ...w.simulator.env() },
+    input: Buffer.concat(chunks),
+  });
+}
+
+/** The imported snapshot's files equal the source's, byte for byte (sparse PAX records too). */
+async function assertSameFiles(localName: string) {
+  const got = await untar(await exportSnapshot(localName));
+  for (const [title, bytes] of files) {
+    if (title === 'snapshot.json') continue;
+    assert.equal(sha256(got.files.get(title) ?? Buffer.alloc(0)), sha256(bytes), `${title} byte-equal`);
+    assert.deepEqual(got.pax.get(title), pax.get(title), `${title} PAX records`);
+  }
 }
 
 /** `cocoon snapshot export <name>` as a buffer. */
@@ -213,11 +247,7 @@ async function assertSameSnapshot(localName: string) {
   const got = await untar(await exportSnapshot(localName));
   const env = JSON.parse(got.files.get('snapshot.json')!.toString()) as { config: { id: string } };
   assert.equal(env.config.id, envelope.id, 'the snapshot id');
-  for (const [title, bytes] of files) {
-    if (title === 'snapshot.json') continue;
-    assert.equal(sha256(got.files.get(title) ?? Buffer.alloc(0)), sha256(bytes), `${title} byte-equal`);
-    assert.deepEqual(got.pax.get(title), pax.get(title), `${title} PAX records`);
-  }
+  await assertSameFiles(localName);
 }
 
 before(async () => {
@@ -226,6 +256,8 @@ before(async () => {
     process.env.VK_ORAS_BIN ??
     `${(await run('bash', [join(repoRoot, 'scripts', 'orasbin.sh')])).stdout.trim().split('\n').pop()}/oras`;
   work = mkdtempSync(join(tmpdir(), 'vk-v2-'));
+  // CocoonCli hands cocoon this process's environment (docs/contracts/cocoon-cli.md).
+  Object.assign(process.env, w.simulator.env());
   await fixture(w, 'acme/agent', 'linux');
   await w.restart({ OCI_REGISTRY: `${w.ground.registry.hostPort}/${w.namespace}` });
   // The source: a VM with a marker on its disk, saved; its memory file grown to 2.5 MiB of a
@@ -355,4 +387,101 @@ test('oras lists and fetches what the daemon pushed (a hibernate, v1)', async ()
     readFileSync(join(out, 'cow.raw')).includes(Buffer.from('pushed-marker')),
     'the marker in the pushed disk',
   );
+});
+
+test('our v2 writer (zstd 3, 1 MiB chunks): oras and zstd read it; the daemon clones from it byte-equal', async () => {
+  await importSource('v2-local');
+  const cli = new CocoonCli(w.cocoonBin, AbortSignal.timeout(120_000), silentLogger);
+  const registry = new RegistryClient({
+    base: `${w.ground.registry.hostPort}/${w.namespace}`,
+    credentials: [],
+  });
+  try {
+    await pushSnapshot({
+      registry,
+      cli,
+      localName: 'v2-local',
+      repo: 'v2-ours',
+      tag: 'v1',
+      baseImage: '',
+      v2: { zstdLevel: 3, chunkBytes: 1 << 20 },
+    });
+  } finally {
+    registry.close();
+  }
+  const ref = `${w.ground.registry.hostPort}/${w.namespace}/v2-ours`;
+  const manifest = JSON.parse(await orasRun(['manifest', 'fetch', '--plain-http', `${ref}:v1`])) as {
+    artifactType: string;
+    config: { digest: string };
+    layers: { mediaType: string; digest: string; annotations: Record<string, string> }[];
+  };
+  assert.equal(manifest.artifactType, MT.v2);
+  const memory = manifest.layers.filter(
+    (l) => l.annotations['org.opencontainers.image.title'] === 'memory-range-0',
+  );
+  assert.deepEqual(
+    memory.map((l) => [
+      l.mediaType,
+      l.annotations['cocoonstack.chunk.index'],
+      l.annotations['cocoonstack.chunk.count'],
+    ]),
+    [0, 1, 2].map((k) => ['application/octet-stream+zstd', String(k), '3']),
+  );
+  const config = JSON.parse(
+    await orasRun(['blob', 'fetch', '--plain-http', '--output', '-', `${ref}@${manifest.config.digest}`]),
+  ) as {
+    schemaVersion: string;
+    files: Record<string, { size: number; chunks?: string[]; sparseSize?: unknown }>;
+  };
+  assert.equal(config.schemaVersion, 'v2');
+  assert.equal(
+    config.files['memory-range-0']?.size,
+    files.get('memory-range-0')!.length,
+    'the uncompressed size',
+  );
+  assert.deepEqual(
+    config.files['memory-range-0']?.chunks,
+    memory.map((l) => l.digest),
+  );
+  assert.equal(typeof config.files['cow.raw']?.sparseSize, 'number');
+  // Each chunk, fetched by oras and decompressed by Debian's zstd, is its 1 MiB of the file.
+  const parts: Buffer[] = [];
+  for (const l of memory) {
+    const z = join(work, `ours-${l.annotations['cocoonstack.chunk.index']}.zst`);
+    await orasRun(['blob', 'fetch', '--plain-http', '--output', z, `${ref}@${l.digest}`]);
+    await run('zstd', ['-q', '-d', '-f', z, '-o', `${z}.raw`]);
+    parts.push(readFileSync(`${z}.raw`));
+  }
+  assert.ok(
+    Buffer.concat(parts).equals(files.get('memory-range-0')!),
+    'zstd -d of the chunks, in order, is the file',
+  );
+  await create('ours-0', managedAnnotations('vk-v2-ours', 'v2-ours:v1'));
+  await waitState('ours-0', 'ready');
+  assert.equal(await w.simulator.diskRead('vk-v2-ours'), MARKER, 'the guest marker');
+  const local = (await localSnapshots()).find((n) => n.includes('v2-ours'));
+  assert.ok(local);
+  await assertSameFiles(local);
+});
+
+test('the daemon with SNAPSHOT_ZSTD_LEVEL and SNAPSHOT_CHUNK_SIZE_MIB hibernates as v2 and wakes from it', async () => {
+  await w.daemon.stop();
+  await w.restart({
+    OCI_REGISTRY: `${w.ground.registry.hostPort}/${w.namespace}`,
+    SNAPSHOT_ZSTD_LEVEL: '3',
+    SNAPSHOT_CHUNK_SIZE_MIB: '1',
+  });
+  await create('hib-0', managedAnnotations('vk-v2-hib'));
+  await waitState('hib-0', 'ready');
+  await w.simulator.diskWrite('vk-v2-hib', 'hibernated-as-v2');
+  await annotate(w.core, w.namespace, 'hib-0', { 'vm.cocoonstack.io/hibernate': 'true' });
+  await waitState('hib-0', 'hibernated');
+  const ref = `${w.ground.registry.hostPort}/${w.namespace}/vk-v2-hib`;
+  const manifest = JSON.parse(await orasRun(['manifest', 'fetch', '--plain-http', `${ref}:hibernate`])) as {
+    artifactType: string;
+  };
+  assert.equal(manifest.artifactType, MT.v2);
+  await annotate(w.core, w.namespace, 'hib-0', { 'vm.cocoonstack.io/hibernate': null });
+  await waitState('hib-0', 'ready');
+  assert.equal(await w.simulator.diskRead('vk-v2-hib'), 'hibernated-as-v2');
 });
