@@ -4,6 +4,7 @@
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
 import { isIPv4 } from 'node:net';
+import { FIXUP_BUDGET_MS } from '../guest/postclone.ts';
 import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
 import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
 import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
@@ -64,6 +65,8 @@ export interface Config {
    * import`/`export`, `image import`/`pull`), a pool apart from the short cocoon calls. */
   transferSlots: number;
   readyDeadlineSeconds: number;
+  /** The post-clone fixup's budget (docs/contracts/post-clone.md "Execution"): 30–180 s. */
+  fixupBudgetSeconds: number;
   reconcileIntervalSeconds: number;
   streamIdleTimeoutSeconds: number;
   /** Pod write budget: lifecycle annotations, pods/status, deletes (VK_KUBE_QPS / VK_KUBE_BURST). */
@@ -244,6 +247,12 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     default: '8',
     meaning:
       'concurrent transfers (registry pulls and pushes, snapshot/image import and export, image pull), a pool apart from the other cocoon calls',
+  },
+  {
+    name: 'VK_FIXUP_BUDGET_SECONDS',
+    default: '180',
+    meaning:
+      'how long the post-clone guest network fixup retries before the pod fails (30-180: only shorter, to fail fast)',
   },
   {
     name: 'VK_READY_DEADLINE_SECONDS',
@@ -563,6 +572,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     maxVmStorageBytes: storageCap(quantity('VK_MAX_VM_STORAGE') ?? '1Ti'),
     transferSlots: int('VK_TRANSFER_SLOTS', 8, 1, 256),
     readyDeadlineSeconds,
+    fixupBudgetSeconds: int('VK_FIXUP_BUDGET_SECONDS', FIXUP_BUDGET_MS / 1000, 30, FIXUP_BUDGET_MS / 1000),
     reconcileIntervalSeconds: int('VK_RECONCILE_INTERVAL_SECONDS', 15, 1, 60),
     streamIdleTimeoutSeconds: int('VK_STREAM_IDLE_TIMEOUT_SECONDS', 14_400, 1, 604_800),
     kubeQps,

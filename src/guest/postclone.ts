@@ -12,7 +12,8 @@ import { guestProfile } from './profiles.ts';
 
 export type { FixupKind };
 
-/** Overall fixup budget, measured from the `post-clone-state=running` write (docs/contracts/post-clone.md "Execution"). */
+/** Overall fixup budget by default (`VK_FIXUP_BUDGET_SECONDS`), measured from the `post-clone-state=running` write
+ * (docs/contracts/post-clone.md "Execution"); a setting may only shorten it (the ready deadline's floor counts on it). */
 export const FIXUP_BUDGET_MS = 180_000;
 /** Pause between two failed fixup attempts (docs/contracts/post-clone.md "Execution"). */
 export const FIXUP_RETRY_DELAY_MS = 3_000;

@@ -76,7 +76,7 @@ const RECOVERY: Readonly<Record<string, Entry>> = {
     decides: true,
     advice: (c) => ({
       meaning:
-        'the guest network fixup failed for its whole 180 s budget: the VM runs, probably without network; failed is sticky (Running, not Ready)',
+        'the guest network fixup failed for its whole budget (180 s unless VK_FIXUP_BUDGET_SECONDS): the VM runs, probably without network; failed is sticky (Running, not Ready)',
       steps: [
         hintStep(c),
         'Read the attempt errors: fix their cause in the guest image or the network (the guest agent never came up, a missing systemd-networkd or cloud-init, a read-only /etc)',
@@ -284,7 +284,7 @@ const RECOVERY: Readonly<Record<string, Entry>> = {
     decides: false,
     advice: () => ({
       meaning:
-        'one guest fixup attempt failed (usual in the first seconds, while the guest agent starts); retried every 3 s within 180 s',
+        'one guest fixup attempt failed (usual in the first seconds, while the guest agent starts); retried every 3 s within the fixup budget (180 s unless VK_FIXUP_BUDGET_SECONDS)',
       steps: ['Nothing to do unless it ends in PostCloneExecExhausted'],
     }),
   },

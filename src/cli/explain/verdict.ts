@@ -44,7 +44,7 @@ const STEP_MEANING: Readonly<Record<string, string>> = {
   Waiting: 'the VM is bound; waiting for the job in flight',
   Publishing: 'publishing the decision',
   PostCloneFixup:
-    'running the guest network fixup (cocoon vm exec, an attempt every 3 s within 180 s); exhausted, the pod is failed (PostCloneExecExhausted) with a hint',
+    'running the guest network fixup (cocoon vm exec, an attempt every 3 s within its budget, 180 s unless VK_FIXUP_BUDGET_SECONDS); exhausted, the pod is failed (PostCloneExecExhausted) with a hint',
   WindowsStaticIP:
     'setting the Windows static IP over the serial console (dial 60 s, enumerate 125 s, 30 s per static NIC); a failure fails the pod (WindowsStaticIPFailed)',
   WaitingForLease:

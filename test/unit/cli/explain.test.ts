@@ -157,7 +157,7 @@ test('failed by exhaustion: the decoded hint, the command to run it, every attem
   });
   assert.match(
     r.headline,
-    /^failed \(PostCloneExecExhausted\): the guest network fixup failed for its whole 180 s budget/,
+    /^failed \(PostCloneExecExhausted\): the guest network fixup failed for its whole budget \(180 s unless VK_FIXUP_BUDGET_SECONDS\)/,
   );
   assert.deepEqual(r.recovery.steps, [
     `Optional, to restore connectivity now: run the hint in the guest from the host: \`cocoon vm exec ${VM_ID} -- sh -c "$(kubectl get pod -n ${NS} db-0 -o jsonpath='{.metadata.annotations.vm\\.cocoonstack\\.io/post-clone-hint}' | base64 -d)"\`; this neither clears failed nor makes the pod Ready`,
@@ -263,7 +263,7 @@ test('still creating: the step, its ready deadline and what ends it', () => {
   });
   assert.equal(
     r.headline,
-    'creating: running the guest network fixup (cocoon vm exec, an attempt every 3 s within 180 s); exhausted, the pod is failed (PostCloneExecExhausted) with a hint',
+    'creating: running the guest network fixup (cocoon vm exec, an attempt every 3 s within its budget, 180 s unless VK_FIXUP_BUDGET_SECONDS); exhausted, the pod is failed (PostCloneExecExhausted) with a hint',
   );
   assert.deepEqual(r.recovery.steps, [
     '2 failed fixup attempt(s) so far (the events show the last error)',

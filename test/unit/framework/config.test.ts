@@ -161,3 +161,10 @@ test('a clone-from-dir root may not overlap the staging or snapshot dirs', () =>
     '/srv/exports',
   ]);
 });
+
+test('VK_FIXUP_BUDGET_SECONDS may only shorten the 180 s fixup budget', () => {
+  assert.equal(loadConfig({}).fixupBudgetSeconds, 180);
+  assert.equal(loadConfig({ VK_FIXUP_BUDGET_SECONDS: '45' }).fixupBudgetSeconds, 45);
+  for (const bad of ['29', '181', 'soon'])
+    assert.throws(() => loadConfig({ VK_FIXUP_BUDGET_SECONDS: bad }), /VK_FIXUP_BUDGET_SECONDS/);
+});

@@ -14,7 +14,7 @@ import {
   POST_CLONE_STATE,
 } from '../../../contract/annotations.ts';
 import { attemptErrorMessage, joinAttemptErrors } from '../../../guest/attempts.ts';
-import { FIXUP_BUDGET_MS, FIXUP_RETRY_DELAY_MS, hintBase64, planFixup } from '../../../guest/postclone.ts';
+import { FIXUP_RETRY_DELAY_MS, hintBase64, planFixup } from '../../../guest/postclone.ts';
 import { guestProfile } from '../../../guest/profiles.ts';
 import { resolveIp } from '../../../net/leases.ts';
 import { pause } from '../../../util/deadline.ts';
@@ -109,11 +109,11 @@ export async function ifStillOwner(
 }
 
 /** Post-clone fixup (docs/contracts/post-clone.md "Execution"): `post-clone-state=running`, then `cocoon vm exec`
- * attempts every 3 s within 180 s; success ⇒ `done`; exhaustion ⇒ `failed` + hint + errors
+ * attempts every 3 s within the fixup budget (`VK_FIXUP_BUDGET_SECONDS`, 180 s); success ⇒ `done`; exhaustion ⇒ `failed` + hint + errors
  * (the reconcile then decides `failed`, row 5). */
 export async function runFixup(ctx: ProviderContext, rec: PodRecord, job: Job): Promise<void> {
   const signal = jobSignal(ctx, job);
-  const budgetEnd = job.startedAt + FIXUP_BUDGET_MS;
+  const budgetEnd = job.startedAt + ctx.config.fixupBudgetSeconds * 1000;
   const vmId = job.vmId;
   const vm = rec.vm;
   const spec = rec.spec;

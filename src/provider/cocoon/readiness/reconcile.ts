@@ -10,7 +10,6 @@ import {
   POST_CLONE_STATE,
   VM_IP,
 } from '../../../contract/annotations.ts';
-import { FIXUP_BUDGET_MS } from '../../../guest/postclone.ts';
 import { isUnflushed } from '../../../lifecycle/intent.ts';
 import { deriveOwedStep, type OwedStep, READY_DEADLINE_REASON } from '../../../lifecycle/owed.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
@@ -85,7 +84,7 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
       break;
     case 'startFixup':
       showStep(ctx, rec, STEP_NAMES.startFixup);
-      startJob(ctx, rec, 'fixup', FIXUP_BUDGET_MS, (job) => runFixup(ctx, rec, job));
+      startJob(ctx, rec, 'fixup', ctx.config.fixupBudgetSeconds * 1000, (job) => runFixup(ctx, rec, job));
       break;
     case 'startSac':
       showStep(ctx, rec, STEP_NAMES.startSac);
