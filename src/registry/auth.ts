@@ -184,8 +184,8 @@ function decodeAuthEntry(entry: unknown): Credential | undefined {
 /**
  * The credential for `host` (`host[:port]`) in a parsed docker config: `auths.<host>.auth`
  * (base64 `user:password`), or plain `username`/`password` fields. An exact key wins over a key
- * that only matches once its scheme and path are dropped (`https://host/v1/`). Credential
- * helpers (`credsStore`, `credHelpers`) are out of scope (docs/registry.md "Authentication").
+ * that only matches once its scheme and path are dropped (`https://host/v1/`). A host served by
+ * a credential helper ({@link credentialHelperFor}) is looked up there instead.
  */
 export function dockerConfigCredential(config: unknown, host: string): Credential | undefined {
   if (typeof config !== 'object' || config === null) return undefined;
@@ -203,4 +203,56 @@ export function dockerConfigCredential(config: unknown, host: string): Credentia
     if (cred) return cred;
   }
   return undefined;
+}
+
+/** A `docker-credential-<name>` suffix: a plain program name, never a path or an option. */
+const HELPER_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+
+/**
+ * The credential helper that holds `host`'s credential in a parsed docker config, as the docker
+ * CLI decides it: `credHelpers.<host>` (an exact key, else one equal once its scheme and path are
+ * dropped), else `credsStore`, else none (then `auths`). Throws on a helper name that is not a
+ * plain program name (`docker-credential-<name>` is run from PATH, never a path).
+ */
+export function credentialHelperFor(config: unknown, host: string): string | undefined {
+  if (typeof config !== 'object' || config === null) return undefined;
+  const c = config as Record<string, unknown>;
+  let name: unknown;
+  const helpers = c.credHelpers;
+  if (typeof helpers === 'object' && helpers !== null) {
+    const entries = helpers as Record<string, unknown>;
+    if (Object.hasOwn(entries, host)) name = entries[host];
+    else {
+      const wanted = host.toLowerCase();
+      const key = Object.keys(entries).find((k) => normalizeAuthKey(k) === wanted);
+      if (key !== undefined) name = entries[key];
+    }
+  }
+  if (name === undefined || name === '') name = c.credsStore;
+  if (name === undefined || name === '') return undefined;
+  if (typeof name !== 'string' || !HELPER_NAME.test(name))
+    throw new Error(`docker config: credential helper ${JSON.stringify(name)} is not a plain program name`);
+  return name;
+}
+
+/**
+ * A `docker-credential-<name> get` answer (`{"ServerURL","Username","Secret"}`), or `undefined`
+ * for none. An identity token (`Username: "<token>"`, an OAuth2 refresh token) is refused: this
+ * client does not run the refresh-token grant.
+ */
+export function parseHelperAnswer(helper: string, stdout: string): Credential {
+  let o: unknown;
+  try {
+    o = JSON.parse(stdout);
+  } catch {
+    throw new Error(`docker-credential-${helper} get: the answer is not JSON`);
+  }
+  const a = (typeof o === 'object' && o !== null ? o : {}) as Record<string, unknown>;
+  if (typeof a.Username !== 'string' || typeof a.Secret !== 'string' || a.Secret === '')
+    throw new Error(`docker-credential-${helper} get: the answer has no Username and Secret`);
+  if (a.Username === '<token>')
+    throw new Error(
+      `docker-credential-${helper} get: an identity token (OAuth2 refresh token) is not supported; store a username and password or token for the registry`,
+    );
+  return { username: a.Username, password: a.Secret };
 }

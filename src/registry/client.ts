@@ -44,6 +44,7 @@ import {
 import {
   basicAuthorization,
   type Challenge,
+  type Credential,
   parseTokenResponse,
   parseWwwAuthenticate,
   plainHttpCredentialRefusal,
@@ -994,12 +995,23 @@ export class RegistryClient {
     const challenge = this.#challenge;
     if (!challenge) return undefined;
     if (challenge.scheme === 'basic') {
-      const cred = await lookupCredential(this.#credentials, this.base.host);
+      const cred = await this.#credential();
       if (!cred) return undefined;
       this.#refusePlainHttp(this.base.scheme, this.base.host, 'Basic credentials');
       return basicAuthorization(cred);
     }
     return `Bearer ${await this.#token(challenge, repository, actions, signal)}`;
+  }
+
+  /** The registry's credential from the sources; a source that fails (a credential helper) is an auth error naming it. */
+  async #credential(): Promise<Credential | undefined> {
+    try {
+      return await lookupCredential(this.#credentials, this.base.host);
+    } catch (error) {
+      throw new RegistryError('auth', `credentials for ${this.base.host}: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
   }
 
   /** A cached or freshly fetched bearer token; concurrent fetches for one key are shared. */
@@ -1037,7 +1049,7 @@ export class RegistryClient {
     if (url.protocol === 'http:' && this.base.scheme === 'https') {
       throw new RegistryError('auth', `token realm ${url.host} is plain HTTP for an HTTPS registry; refused`);
     }
-    const cred = await lookupCredential(this.#credentials, this.base.host);
+    const cred = await this.#credential();
     if (cred) {
       // Neither the credential to the realm nor the token it buys to the registry over plain
       // HTTP to a non-loopback host. An anonymous token (no credential) carries no secret of

@@ -1,13 +1,78 @@
 /**
- * Registry credential sources (docs/registry.md "Authentication" item 2), tried in order for a host. Only the
- * docker config source exists in this tier; Google Application Default Credentials plug in
- * here as another {@link CredentialSource} placed first (see {@link defaultCredentialSources}).
+ * Registry credential sources (docs/registry.md "Authentication" item 2), tried in order for a host: the docker
+ * config, with its credential helpers (`credHelpers`, `credsStore`) run through the docker-credential-helpers
+ * protocol; Google Application Default Credentials plug in here as another {@link CredentialSource} placed first
+ * (see {@link defaultCredentialSources}).
  */
+import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from '../log.ts';
-import { type Credential, dockerConfigCredential } from './auth.ts';
+import { type Credential, credentialHelperFor, dockerConfigCredential, parseHelperAnswer } from './auth.ts';
+
+/** How long a credential helper may take to answer. */
+const HELPER_TIMEOUT_MS = 15_000;
+/** What a helper prints (docker-credential-helpers' `credentials.NewErrCredentialsNotFound`) when it has none. */
+const NOT_FOUND = /credentials not found/i;
+
+/**
+ * `docker-credential-<helper> get` with the host on stdin (the docker-credential-helpers
+ * protocol, as the docker CLI and go-containerregistry run it): its credential, `undefined` when
+ * it has none for the host; any other failure (not installed, a non-zero exit, a bad answer, no
+ * answer in 15 s) throws with the helper's own words. Run from PATH without a shell; the host is
+ * the registry's from OCI_REGISTRY, never pod input.
+ */
+export function runCredentialHelper(
+  helper: string,
+  host: string,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<Credential | undefined> {
+  const program = `docker-credential-${helper}`;
+  return new Promise((resolve, reject) => {
+    const child = spawn(program, ['get'], {
+      env,
+      stdio: ['pipe', 'pipe', 'pipe'],
+      timeout: HELPER_TIMEOUT_MS,
+    });
+    let out = '';
+    let err = '';
+    child.stdout.setEncoding('utf8').on('data', (t: string) => {
+      out = (out + t).slice(0, 64 * 1024);
+    });
+    child.stderr.setEncoding('utf8').on('data', (t: string) => {
+      err = (err + t).slice(-4096);
+    });
+    child.stdin.on('error', () => {}); // a helper that exits without reading
+    child.on('error', (e: NodeJS.ErrnoException) =>
+      reject(
+        new Error(
+          e.code === 'ENOENT'
+            ? `${program} (named by the docker config) is not on PATH`
+            : `${program}: ${e.message}`,
+        ),
+      ),
+    );
+    child.on('close', (code, signal) => {
+      if (code === 0) {
+        try {
+          resolve(parseHelperAnswer(helper, out));
+        } catch (e) {
+          reject(e);
+        }
+        return;
+      }
+      const said = (out.trim() || err.trim()).split('\n')[0] ?? '';
+      if (code !== null && NOT_FOUND.test(said)) return resolve(undefined);
+      reject(
+        new Error(
+          `${program} get: ${signal ? `killed (${signal}, no answer in ${HELPER_TIMEOUT_MS / 1000} s)` : `exit status ${code}`}${said ? `: ${said}` : ''}`,
+        ),
+      );
+    });
+    child.stdin.end(host);
+  });
+}
 
 /** Returns the credential for a registry host (`host[:port]`), or `undefined`. */
 export type CredentialSource = (host: string) => Promise<Credential | undefined>;
@@ -23,7 +88,9 @@ export function dockerConfigPath(env: NodeJS.ProcessEnv = process.env): string {
 /**
  * Credentials from the docker config file, read at each lookup (lookups happen only when a
  * registry challenges, so a rotated file is picked up without a restart). A missing file
- * means no credential; an unreadable or malformed one is logged and means no credential.
+ * means no credential; an unreadable or malformed one is logged and means no credential. A host
+ * the config gives to a credential helper is asked of that helper ({@link runCredentialHelper});
+ * a failing helper fails the lookup with its reason (the registry error names it).
  */
 export function dockerConfigSource(env: NodeJS.ProcessEnv = process.env, log?: Logger): CredentialSource {
   const path = dockerConfigPath(env);
@@ -37,11 +104,20 @@ export function dockerConfigSource(env: NodeJS.ProcessEnv = process.env, log?: L
       }
       return undefined;
     }
+    let config: unknown;
     try {
-      return dockerConfigCredential(JSON.parse(text), host);
+      config = JSON.parse(text);
     } catch (error) {
       log?.warn({ path, err: (error as Error).message }, 'malformed docker config');
       return undefined;
+    }
+    const helper = credentialHelperFor(config, host);
+    if (helper === undefined) return dockerConfigCredential(config, host);
+    try {
+      return await runCredentialHelper(helper, host, env);
+    } catch (error) {
+      log?.warn({ path, helper, host, err: (error as Error).message }, 'credential helper failed');
+      throw error;
     }
   };
 }
@@ -65,7 +141,8 @@ export async function lookupCredential(
  *    future `googleAdcSource()` returning `{username: 'oauth2accesstoken', password: <access
  *    token>}` (refreshed before expiry) goes first. Until then a set
  *    `GOOGLE_APPLICATION_CREDENTIALS` refuses the daemon's startup (src/config/env.ts).
- * 2. The docker config file.
+ * 2. The docker config file: `credHelpers.<host>`, else `credsStore`, run as
+ *    `docker-credential-<name> get`; else `auths`.
  */
 export function defaultCredentialSources(
   env: NodeJS.ProcessEnv = process.env,

@@ -830,6 +830,47 @@ describe('fake registry (fault injection)', () => {
     assert.equal(new URLSearchParams(fake.tokenRequests[1]!.query).get('scope'), 'repository:cocoon/y:pull');
   });
 
+  it('Bearer challenge with the credential in a helper (credsStore): docker-credential-<name> get, its answer to the token server', async () => {
+    fresh();
+    fake.auth = 'bearer';
+    const bin = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-helper-'));
+    const helper = path.join(bin, 'docker-credential-vktest');
+    fs.writeFileSync(
+      helper,
+      `#!/bin/sh\n[ "$1" = get ] || exit 3\nread -r host\nprintf %s "$host" >> "${bin}/asked"\nprintf '{"ServerURL":"%s","Username":"helper-user","Secret":"helper-pw"}' "$host"\n`,
+    );
+    fs.chmodSync(helper, 0o755);
+    const savedPath = process.env.PATH;
+    const savedBasic = fake.basic;
+    // The token server takes only what the helper holds.
+    fake.basic = { username: 'helper-user', password: 'helper-pw' };
+    process.env.PATH = `${bin}:${savedPath}`;
+    // The auths entry names the host only (as `docker login` with a store writes it).
+    fs.writeFileSync(
+      path.join(dockerDir, 'config.json'),
+      JSON.stringify({ credsStore: 'vktest', auths: { [fake.host]: {} } }),
+    );
+    try {
+      const a = buildArtifact();
+      fake.add('cocoon/x', 'v1', a);
+      const rec = await pullSnapshot({ registry, cli, repo: 'x', tag: 'v1', localName: 'fake/helper' });
+      assert.equal(rec.id, a.snapshotId);
+      assert.equal(
+        fake.tokenRequests[0]?.authorization,
+        `Basic ${Buffer.from('helper-user:helper-pw').toString('base64')}`,
+      );
+      assert.equal(
+        fs.readFileSync(path.join(bin, 'asked'), 'utf8'),
+        fake.host,
+        'the helper was asked for the host',
+      );
+    } finally {
+      process.env.PATH = savedPath;
+      fake.basic = savedBasic;
+      fs.rmSync(bin, { recursive: true, force: true });
+    }
+  });
+
   it('an expired token is fetched again', async () => {
     fresh();
     fake.auth = 'bearer';
