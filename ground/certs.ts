@@ -51,7 +51,7 @@ export const APISERVER_SANS = [
   'DNS:kubernetes.default.svc.cluster.local',
 ];
 
-async function makeCa(dir: string, name: string, cn = name): Promise<{ cert: string; key: string }> {
+export async function makeCa(dir: string, name: string, cn = name): Promise<{ cert: string; key: string }> {
   const cert = join(dir, `${name}.crt`);
   const key = join(dir, `${name}.key`);
   await run('openssl', [

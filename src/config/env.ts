@@ -3,6 +3,7 @@
 // is validated at startup and a bad one stops startup with an error naming the variable
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
+import { readFileSync } from 'node:fs';
 import { isIPv4 } from 'node:net';
 import { FIXUP_BUDGET_MS } from '../guest/postclone.ts';
 import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
@@ -25,6 +26,8 @@ export interface Config {
   logLevel: LogLevel;
   ociRegistry: string | undefined;
   registryPlainHttp: boolean;
+  /** `OCI_REGISTRY_CA_FILE`: PEM certificates trusted for the registry (and its token realm) besides the system's. */
+  registryCa: string | undefined;
   /** Declare ExtendWebSocketsToKubelet so 1.36+ apiservers proxy exec WebSockets to us. */
   execWebSocket: boolean;
   googleApplicationCredentials: string | undefined;
@@ -125,6 +128,11 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     name: 'OCI_REGISTRY',
     default: '(unset)',
     meaning: 'snapshot registry base host[:port][/path]; unset disables clone-source pulls',
+  },
+  {
+    name: 'OCI_REGISTRY_CA_FILE',
+    default: '(unset)',
+    meaning: 'PEM CA bundle trusted for the registry and its token realm, besides the system CAs',
   },
   {
     name: 'VK_REGISTRY_PLAIN_HTTP',
@@ -386,7 +394,7 @@ const REFUSED: readonly { name: string; refused: (value: string) => string | und
   {
     name: 'EPOCH_CA_CERT',
     refused: () =>
-      "is the Go daemon v0.2.9's registry setting and is not read: add the CA with NODE_EXTRA_CA_CERTS=<PEM file> instead",
+      "is the Go daemon v0.2.9's registry setting and is not read: set OCI_REGISTRY_CA_FILE=<PEM file> instead",
   },
 ];
 
@@ -477,6 +485,17 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
       `OCI_REGISTRY=${JSON.stringify(ociRegistry)}: expected host[:port][/path], e.g. europe-docker.pkg.dev/acme/cocoon`,
     );
   }
+  const caFile = optional('OCI_REGISTRY_CA_FILE');
+  let registryCa: string | undefined;
+  if (caFile !== undefined) {
+    try {
+      registryCa = readFileSync(caFile, 'utf8');
+      if (!registryCa.includes('-----BEGIN CERTIFICATE-----'))
+        problems.push(`OCI_REGISTRY_CA_FILE=${caFile}: no PEM certificate in it`);
+    } catch (error) {
+      problems.push(`OCI_REGISTRY_CA_FILE=${caFile}: ${(error as Error).message}`);
+    }
+  }
   const metricsAddr = get('VK_METRICS_ADDR') ?? ':9091';
   if (metricsAddr !== '' && !/^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.-]*):[0-9]{1,5}$/.test(metricsAddr)) {
     problems.push(
@@ -542,6 +561,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     logLevel: oneOf<LogLevel>('VK_LOG_LEVEL', 'info', ['trace', 'debug', 'info', 'warn', 'error', 'fatal']),
     ociRegistry,
     registryPlainHttp: bool('VK_REGISTRY_PLAIN_HTTP', false),
+    registryCa,
     execWebSocket: bool('VK_EXEC_WEBSOCKET', true),
     googleApplicationCredentials: optional('GOOGLE_APPLICATION_CREDENTIALS'),
     leasesPath: str('VK_LEASES_PATH', '/var/lib/cocoon/net/leases.json'),

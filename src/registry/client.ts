@@ -29,6 +29,7 @@ import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { Readable, Transform, type TransformCallback } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { getCACertificates } from 'node:tls';
 import type { Logger } from '../log.ts';
 import { silentLogger } from '../log.ts';
 import { VERSION } from '../version.ts';
@@ -127,6 +128,8 @@ export interface RegistryClientOptions {
   readonly idleTimeoutMs?: number;
   /** Idle keep-alive sockets kept per host (default 32, docs/registry.md "Transport and errors"). */
   readonly maxIdleSockets?: number;
+  /** PEM certificates trusted besides Node's default CAs (`OCI_REGISTRY_CA_FILE`): a private registry CA. */
+  readonly ca?: string;
 }
 
 /** Options of a single registry request (the building block of every verb). */
@@ -361,7 +364,10 @@ export class RegistryClient {
     this.#idleTimeoutMs = opts.idleTimeoutMs ?? 120_000;
     const maxFreeSockets = opts.maxIdleSockets ?? 32;
     this.#httpAgent = new http.Agent({ keepAlive: true, maxFreeSockets });
-    this.#httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets });
+    // Added to the default CAs (bundled, system and NODE_EXTRA_CA_CERTS), not in their place: a
+    // token realm on a public host keeps working.
+    const ca = opts.ca === undefined ? undefined : [...getCACertificates('default'), opts.ca];
+    this.#httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets, ...(ca ? { ca } : {}) });
   }
 
   /** The repository name of a registry-relative repo under the base path (`<prefix>/<repo>`). */
@@ -1153,9 +1159,18 @@ export class RegistryClient {
  * pulls are then disabled, docs/registry.md "Naming").
  */
 export function registryFromConfig(
-  config: { readonly ociRegistry: string | undefined; readonly registryPlainHttp: boolean },
+  config: {
+    readonly ociRegistry: string | undefined;
+    readonly registryPlainHttp: boolean;
+    readonly registryCa?: string | undefined;
+  },
   log?: Logger,
 ): RegistryClient | undefined {
   if (config.ociRegistry === undefined) return undefined;
-  return new RegistryClient({ base: config.ociRegistry, plainHttp: config.registryPlainHttp, log });
+  return new RegistryClient({
+    base: config.ociRegistry,
+    plainHttp: config.registryPlainHttp,
+    log,
+    ...(config.registryCa !== undefined ? { ca: config.registryCa } : {}),
+  });
 }

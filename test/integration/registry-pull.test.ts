@@ -13,9 +13,12 @@ import path from 'node:path';
 import { Writable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import tar from 'tar-stream';
+import { issueCert, makeCa } from '../../ground/certs.ts';
 import { type Ground, useGround } from '../../ground/ground.ts';
+import { startRegistry, stopRegistry } from '../../ground/registry.ts';
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
+import { loadConfig } from '../../src/config/env.ts';
 import { createLogger, silentLogger } from '../../src/log.ts';
 import { MEDIA_TYPE } from '../../src/registry/artifact.ts';
 import { RegistryClient, RegistryError, registryFromConfig } from '../../src/registry/client.ts';
@@ -772,6 +775,52 @@ class FakeRegistry {
     res.end(data);
   }
 }
+
+describe('a registry with a private CA (OCI_REGISTRY_CA_FILE)', () => {
+  it('untrusted without the bundle (the error names the certificate); trusted with it, the system CAs kept', async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-private-ca-'));
+    const ca = await makeCa(dir, 'private-ca', 'vk-test private registry CA');
+    const server = await issueCert(dir, 'registry', ca, '/CN=registry', 'serverAuth', ['IP:127.0.0.1']);
+    const reg = await startRegistry(path.join(dir, 'registry'), {
+      kind: 'distribution',
+      tls: { host: '127.0.0.1', certFile: server.cert, keyFile: server.key },
+    });
+    const clients: RegistryClient[] = [];
+    try {
+      const client = (extra: Parameters<typeof registryFromConfig>[0]) => {
+        const c = registryFromConfig(extra) as RegistryClient;
+        clients.push(c);
+        return c;
+      };
+      const untrusted = client({ ociRegistry: `https://${reg.hostPort}/cocoon`, registryPlainHttp: false });
+      await assert.rejects(untrusted.headManifest('cocoon/x', parseReference('v1')), (e: unknown) => {
+        assert.ok(e instanceof RegistryError);
+        assert.equal(e.kind, 'network');
+        assert.match(e.message, /certificate/i);
+        return true;
+      });
+      const bundle = fs.readFileSync(ca.cert, 'utf8');
+      const trusted = client({
+        ociRegistry: `https://${reg.hostPort}/cocoon`,
+        registryPlainHttp: false,
+        registryCa: bundle,
+      });
+      assert.equal(await trusted.headManifest('cocoon/x', parseReference('v1')), 'absent');
+      // The setting as the daemon reads it.
+      const cfg = loadConfig({
+        VK_NODE_NAME: 'n',
+        OCI_REGISTRY: `https://${reg.hostPort}/cocoon`,
+        OCI_REGISTRY_CA_FILE: ca.cert,
+      });
+      assert.equal(cfg.registryCa, bundle);
+      assert.equal(await client(cfg).headManifest('cocoon/x', parseReference('v1')), 'absent');
+    } finally {
+      for (const c of clients) c.close();
+      await stopRegistry(reg);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
 
 describe('fake registry (fault injection)', () => {
   let fake: FakeRegistry;

@@ -1,4 +1,7 @@
 import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { ConfigError, ENV_DOCS, helpText, loadConfig } from '../../../src/config/env.ts';
 
@@ -85,7 +88,7 @@ test('settings this build cannot honour refuse the startup, each naming what to 
   assert.match(refused({ SNAPSHOT_CHUNK_SIZE_MIB: '4097' }), /SNAPSHOT_CHUNK_SIZE_MIB/);
   assert.match(refused({ EPOCH_URL: 'https://epoch.example' }), /EPOCH_URL: .*set OCI_REGISTRY=/);
   assert.match(refused({ EPOCH_TOKEN: 't' }), /EPOCH_TOKEN: .*docker config/);
-  assert.match(refused({ EPOCH_CA_CERT: '/etc/ca.pem' }), /EPOCH_CA_CERT: .*NODE_EXTRA_CA_CERTS=/);
+  assert.match(refused({ EPOCH_CA_CERT: '/etc/ca.pem' }), /EPOCH_CA_CERT: .*set OCI_REGISTRY_CA_FILE=/);
   assert.match(
     refused({ GOOGLE_APPLICATION_CREDENTIALS: '/k.json' }),
     /GOOGLE_APPLICATION_CREDENTIALS: .*not supported yet/,
@@ -167,4 +170,25 @@ test('VK_FIXUP_BUDGET_SECONDS may only shorten the 180 s fixup budget', () => {
   assert.equal(loadConfig({ VK_FIXUP_BUDGET_SECONDS: '45' }).fixupBudgetSeconds, 45);
   for (const bad of ['29', '181', 'soon'])
     assert.throws(() => loadConfig({ VK_FIXUP_BUDGET_SECONDS: bad }), /VK_FIXUP_BUDGET_SECONDS/);
+});
+
+test('OCI_REGISTRY_CA_FILE: a PEM bundle read at startup; a missing file or one without a certificate refuses it', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'vk-ca-'));
+  try {
+    const pem = '-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n';
+    writeFileSync(join(dir, 'ca.pem'), pem);
+    writeFileSync(join(dir, 'junk.pem'), 'not a certificate');
+    assert.equal(loadConfig({ OCI_REGISTRY_CA_FILE: join(dir, 'ca.pem') }).registryCa, pem);
+    assert.equal(loadConfig({}).registryCa, undefined);
+    assert.throws(
+      () => loadConfig({ OCI_REGISTRY_CA_FILE: join(dir, 'junk.pem') }),
+      /OCI_REGISTRY_CA_FILE=.*no PEM certificate/,
+    );
+    assert.throws(
+      () => loadConfig({ OCI_REGISTRY_CA_FILE: join(dir, 'absent.pem') }),
+      /OCI_REGISTRY_CA_FILE=.*ENOENT/,
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
