@@ -221,6 +221,8 @@ export function busyWaitMs(retryAfter: string | undefined, tries: number, now: n
 }
 
 const MAX_REDIRECTS = 5;
+/** Range requests after a blob body was cut short, per blob read. */
+export const BLOB_RESUMES = 3;
 const MAX_ERROR_BODY = 64 * 1024;
 const MAX_TOKEN_BODY = 1024 * 1024;
 
@@ -477,13 +479,87 @@ export class RegistryClient {
       );
     }
     const verifier = new VerifyingStream(desc.digest, desc.size);
-    res.on('error', (error) => {
-      verifier.destroy(networkError(`${what} after ${verifier.bytesSeen} of ${desc.size} bytes`, error));
-    });
+    let current = res;
+    let resumes = 0;
     verifier.on('close', () => {
-      if (!res.complete) res.destroy();
+      if (!current.complete) current.destroy();
     });
-    res.pipe(verifier);
+    // A body cut short (the connection dropped, the server went away mid-blob) is asked again
+    // from where it stopped with `Range: bytes=<n>-`, up to BLOB_RESUMES times; a 200 instead of
+    // a 206 (a server without ranges) is read from the start with the bytes we have skipped.
+    // The verifier sees one continuous stream, so size and digest still cover every byte.
+    const feed = (body: IncomingMessage, skip: number) => {
+      current = body;
+      let toSkip = skip;
+      let cut = false;
+      const onCut = (error?: Error) => {
+        if (cut || verifier.destroyed) return;
+        cut = true;
+        const seen = verifier.bytesSeen;
+        if (resumes >= BLOB_RESUMES || signal?.aborted || seen >= desc.size) {
+          verifier.destroy(
+            networkError(
+              `${what} after ${seen} of ${desc.size} bytes`,
+              error ?? new Error('connection closed'),
+            ),
+          );
+          return;
+        }
+        resumes++;
+        this.#log.warn(
+          { blob: desc.digest, bytes: seen, size: desc.size, attempt: resumes, err: error?.message },
+          'registry blob read cut short; resuming with a Range request',
+        );
+        this.request({
+          method: 'GET',
+          repository: name,
+          path: blobPath(name, desc.digest),
+          headers: { range: `bytes=${seen}-` },
+          followRedirects: true,
+          signal,
+        }).then(
+          async (next) => {
+            if (verifier.destroyed) return next.destroy();
+            const range = /^bytes (\d+)-/.exec(String(next.headers['content-range'] ?? ''));
+            if (next.statusCode === 206 && range && Number(range[1]) === seen) feed(next, 0);
+            else if (next.statusCode === 200) feed(next, seen);
+            else if (next.statusCode === 206) {
+              next.destroy();
+              verifier.destroy(
+                new RegistryError(
+                  'integrity',
+                  `${what}: asked for bytes ${seen}- and got ${String(next.headers['content-range'])}`,
+                ),
+              );
+            } else verifier.destroy(await this.#statusError(next, `GET ${what} (resumed at ${seen})`));
+          },
+          (err: unknown) => verifier.destroy(err as Error),
+        );
+      };
+      body.on('data', (chunk: Buffer) => {
+        let data = chunk;
+        if (toSkip > 0) {
+          const n = Math.min(toSkip, data.length);
+          toSkip -= n;
+          data = data.subarray(n);
+          if (data.length === 0) return;
+        }
+        if (!verifier.write(data)) {
+          body.pause();
+          verifier.once('drain', () => body.resume());
+        }
+      });
+      body.on('error', (error) => onCut(error));
+      body.on('end', () => {
+        if (body.complete && toSkip === 0 && verifier.bytesSeen === desc.size) verifier.end();
+        else if (body.complete && verifier.bytesSeen < desc.size && !cut) onCut();
+        else if (!cut) verifier.end(); // more than the size is the verifier's own verdict
+      });
+      body.on('close', () => {
+        if (!body.complete) onCut();
+      });
+    };
+    feed(res, 0);
     return verifier;
   }
 
