@@ -610,6 +610,11 @@ class FakeRegistry {
   redirectBlobs = false;
   fault: (method: string, path: string) => Fault = () => undefined;
   #tokens = new Set<string>();
+
+  /** Every token issued so far stops working (revoked, or the token server restarted). */
+  revokeTokens(): void {
+    this.#tokens.clear();
+  }
   #main = http.createServer((req, res) => this.#serve(req, res));
   #other = http.createServer((req, res) => this.#serveOther(req, res));
   port = 0;
@@ -961,6 +966,24 @@ describe('fake registry (fault injection)', () => {
     } finally {
       fake.tokenTtl = 300;
     }
+  });
+
+  it('a token refused before its expiry (revoked): the 401 drops it and one fresh token is fetched', async () => {
+    fresh();
+    fake.auth = 'bearer';
+    writeDockerConfig(fake.host, 'puller', 'pw');
+    fake.add('cocoon/x', 'v1', buildArtifact());
+    assert.notEqual(await registry.headManifest('cocoon/x', parseReference('v1')), 'absent');
+    assert.equal(fake.tokenRequests.length, 1);
+    fake.revokeTokens();
+    assert.notEqual(await registry.headManifest('cocoon/x', parseReference('v1')), 'absent');
+    assert.equal(fake.tokenRequests.length, 2, 'one new token');
+    const last = fake.seen.filter((r) => r.path.includes('/manifests/')).slice(-2);
+    assert.deepEqual(
+      last.map((r) => r.authorization),
+      ['Bearer tok-1', 'Bearer tok-2'],
+      'the refused token, then the fresh one',
+    );
   });
 
   it('Basic challenge: credentials from the docker config; none configured is an auth error', async () => {
