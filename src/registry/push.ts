@@ -28,7 +28,7 @@ import { createWriteStream } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Readable, Transform, type TransformCallback } from 'node:stream';
+import { Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { snapshotExportArgv } from '../cocoon/argv.ts';
@@ -59,7 +59,7 @@ import {
 } from './artifact-write.ts';
 import { DEFAULT_CHUNK_BYTES, type RegistryClient, RegistryError, type StreamedBlob } from './client.ts';
 import { parseReference, type Reference } from './reference.ts';
-import { describeCause, MiB, rate } from './transfer.ts';
+import { describeCause, Hashing, MiB, rate } from './transfer.ts';
 import { fileLayout, isV2, SpoolBudget, type V2Format, writeV2File } from './v2-write.ts';
 
 /** Default parallel layer uploads (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
@@ -465,6 +465,17 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
       const file = join(o.spool, String(layers.length));
       o.progress.file = title.value;
       const declared = h.size ?? 0;
+      /** Its `files[title]` entry: mode, size and sparse records (refused when unreadable). */
+      const fileInfo = (size: number): SnapshotFileInfo => {
+        const info = exportedFileInfo(
+          title.value,
+          h.mode,
+          size,
+          h.pax as Record<string, string> | null | undefined,
+        );
+        if (!info.ok) throw new ExportFormatError(`export tar: ${info.error}`);
+        return info.value;
+      };
       const layout = o.v2 ? fileLayout(declared, o.v2.format) : undefined;
       if (o.v2 && layout && (layout.compress || layout.ranges.length > 1)) {
         const { budget } = o.v2;
@@ -482,16 +493,9 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
           onBlob: (b) =>
             o.uploader.add({ ...b, title: title.value }, undefined, () => budget.release(b.size)),
         });
-        const info = exportedFileInfo(
-          title.value,
-          h.mode,
-          declared,
-          h.pax as Record<string, string> | null | undefined,
-        );
-        if (!info.ok) throw new ExportFormatError(`export tar: ${info.error}`);
-        const fileInfo =
-          blobs.length > 1 ? { ...info.value, chunks: blobs.map((b) => b.digest) } : info.value;
-        for (const b of blobs) layers.push({ ...b, title: title.value, info: fileInfo });
+        const info = fileInfo(declared);
+        const withChunks = blobs.length > 1 ? { ...info, chunks: blobs.map((b) => b.digest) } : info;
+        for (const b of blobs) layers.push({ ...b, title: title.value, info: withChunks });
         continue;
       }
       const key = envelope ? o.fileKey(envelope.id, title.value, declared) : undefined;
@@ -522,20 +526,13 @@ async function exportLayers(o: ExportOptions): Promise<{ envelope: ExportEnvelop
         digest = hashing.digest();
         size = hashing.size;
       }
-      const info = exportedFileInfo(
-        title.value,
-        h.mode,
-        size,
-        h.pax as Record<string, string> | null | undefined,
-      );
-      if (!info.ok) throw new ExportFormatError(`export tar: ${info.error}`);
       const layer: SpooledLayer = {
         title: title.value,
         mediaType: layerMediaType(title.value),
         digest,
         size,
         file,
-        info: info.value,
+        info: fileInfo(size),
       };
       layers.push(layer);
       if (!streamed) o.uploader.add(layer, key);
@@ -578,33 +575,6 @@ async function readCapped(entry: AsyncIterable<unknown>, max: number): Promise<B
     chunks.push(chunk as Buffer);
   }
   return Buffer.concat(chunks);
-}
-
-/** Passes bytes through, hashing (SHA-256) and counting them. */
-class Hashing extends Transform {
-  readonly #hash = createHash('sha256');
-  readonly #onBytes: (n: number) => void;
-  size = 0;
-
-  constructor(onBytes: (n: number) => void) {
-    super();
-    this.#onBytes = onBytes;
-  }
-
-  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
-    this.#hash.update(chunk);
-    this.size += chunk.length;
-    this.#onBytes(chunk.length);
-    cb(null, chunk);
-  }
-
-  #digest: string | undefined;
-
-  /** The digest of everything that went through (computed once). */
-  digest(): string {
-    this.#digest ??= `sha256:${this.#hash.digest('hex')}`;
-    return this.#digest;
-  }
 }
 
 /**

@@ -1,5 +1,7 @@
 // Small pieces every registry transfer shares (pull, push, cloud-image import): the MiB/s of a
-// progress line, and the error text of a transfer that its caller aborted.
+// progress line, the error text of a transfer that its caller aborted, and a hashing pass-through.
+import { createHash } from 'node:crypto';
+import { Transform, type TransformCallback } from 'node:stream';
 
 export const MiB = 1024 * 1024;
 
@@ -17,4 +19,31 @@ export function describeCause(cause: unknown, outer: AbortSignal | undefined): s
     return reason === text ? text : `${reason} (${text})`;
   }
   return text;
+}
+
+/** A pass-through that hashes (SHA-256) and counts what goes through it (a spooled blob). */
+export class Hashing extends Transform {
+  readonly #hash = createHash('sha256');
+  readonly #onBytes: (n: number) => void;
+  size = 0;
+
+  constructor(onBytes: (n: number) => void = () => {}) {
+    super();
+    this.#onBytes = onBytes;
+  }
+
+  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
+    this.#hash.update(chunk);
+    this.size += chunk.length;
+    this.#onBytes(chunk.length);
+    cb(null, chunk);
+  }
+
+  #digest: string | undefined;
+
+  /** The digest of everything that went through (computed once). */
+  digest(): string {
+    this.#digest ??= `sha256:${this.#hash.digest('hex')}`;
+    return this.#digest;
+  }
 }

@@ -6,15 +6,14 @@
  * zstd frame when compressed). Each blob is spooled to a file while it is hashed, then handed to
  * the uploader; the spool waits while the blobs not yet uploaded hold `SNAPSHOT_MEMORY_BUDGET_MIB`.
  */
-import { createHash } from 'node:crypto';
 import { once } from 'node:events';
 import { createWriteStream } from 'node:fs';
-import { Transform, type TransformCallback, type Writable } from 'node:stream';
+import type { Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { constants, createZstdCompress } from 'node:zlib';
 import { ZSTD_SUFFIX } from './artifact.ts';
 import { CHUNK_COUNT_ANNOTATION, CHUNK_INDEX_ANNOTATION } from './import-plan.ts';
-import { MiB } from './transfer.ts';
+import { Hashing, MiB } from './transfer.ts';
 
 /** Files smaller than this stay uncompressed (cocoon-common's threshold). */
 export const COMPRESS_MIN_BYTES = 1 * MiB;
@@ -101,21 +100,6 @@ export class SpoolBudget {
     const waiters = this.#waiters;
     this.#waiters = [];
     for (const w of waiters) w();
-  }
-}
-
-class Hashing extends Transform {
-  readonly #hash = createHash('sha256');
-  size = 0;
-
-  override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
-    this.#hash.update(chunk);
-    this.size += chunk.length;
-    cb(null, chunk);
-  }
-
-  digest(): string {
-    return `sha256:${this.#hash.digest('hex')}`;
   }
 }
 
