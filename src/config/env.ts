@@ -3,9 +3,10 @@
 // is validated at startup and a bad one stops startup with an error naming the variable
 // and what it accepts (the issue overrides the spec's "lenient" wording: a typo in a
 // deployment unit should fail loudly, not silently fall back to a default).
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { isIPv4 } from 'node:net';
 import { FIXUP_BUDGET_MS } from '../guest/postclone.ts';
+import { type GoogleAdcMode, isGoogleRegistryHost } from '../registry/credentials.ts';
 import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
 import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
 import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy.ts';
@@ -31,6 +32,8 @@ export interface Config {
   /** Declare ExtendWebSocketsToKubelet so 1.36+ apiservers proxy exec WebSockets to us. */
   execWebSocket: boolean;
   googleApplicationCredentials: string | undefined;
+  /** `VK_REGISTRY_GOOGLE_ADC` (docs/registry.md "Authentication"). */
+  registryGoogleAdc: GoogleAdcMode;
   leasesPath: string;
   /** Empty string disables lease release over the control socket. */
   netControlSocket: string;
@@ -144,7 +147,13 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
     name: 'GOOGLE_APPLICATION_CREDENTIALS',
     default: '(unset)',
     meaning:
-      'not supported yet: set, it refuses the startup (registry credentials come from the docker config)',
+      'service-account key for Google application default credentials: used for gcr.io / *.pkg.dev registries (see VK_REGISTRY_GOOGLE_ADC)',
+  },
+  {
+    name: 'VK_REGISTRY_GOOGLE_ADC',
+    default: 'auto',
+    meaning:
+      'auto: Google ADC for gcr.io / *.pkg.dev when GOOGLE_APPLICATION_CREDENTIALS is set; true: for OCI_REGISTRY whatever its host (metadata server included); false: never',
   },
   {
     name: 'VK_LEASES_PATH',
@@ -377,11 +386,6 @@ const LATER_TIER = ['VK_COCOON_MACOS_BIN', 'COCOON_MACOS_VNC_PASSWORD'] as const
  */
 const REFUSED: readonly { name: string; refused: (value: string) => string | undefined }[] = [
   {
-    name: 'GOOGLE_APPLICATION_CREDENTIALS',
-    refused: () =>
-      'Google application default credentials are not supported yet: put the registry credentials in the docker config (DOCKER_CONFIG) and unset it',
-  },
-  {
     name: 'EPOCH_URL',
     refused: () =>
       "is the Go daemon v0.2.9's registry setting and is not read: set OCI_REGISTRY=<host[:port][/path]> instead",
@@ -485,6 +489,18 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
       `OCI_REGISTRY=${JSON.stringify(ociRegistry)}: expected host[:port][/path], e.g. europe-docker.pkg.dev/acme/cocoon`,
     );
   }
+  const googleApplicationCredentials = optional('GOOGLE_APPLICATION_CREDENTIALS');
+  const registryGoogleAdc = oneOf<GoogleAdcMode>('VK_REGISTRY_GOOGLE_ADC', 'auto', ['auto', 'true', 'false']);
+  if (googleApplicationCredentials !== undefined) {
+    if (!existsSync(googleApplicationCredentials))
+      problems.push(`GOOGLE_APPLICATION_CREDENTIALS=${googleApplicationCredentials}: no such file`);
+    const host = ociRegistry?.replace(/^https?:\/\//, '').split('/')[0];
+    // A Google credential never goes to another registry by accident.
+    if (registryGoogleAdc === 'auto' && host !== undefined && !isGoogleRegistryHost(host))
+      problems.push(
+        `GOOGLE_APPLICATION_CREDENTIALS is set but OCI_REGISTRY ${host} is not a Google registry (gcr.io, *.pkg.dev): set VK_REGISTRY_GOOGLE_ADC=true to use it there, or unset it`,
+      );
+  }
   const caFile = optional('OCI_REGISTRY_CA_FILE');
   let registryCa: string | undefined;
   if (caFile !== undefined) {
@@ -563,7 +579,8 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     registryPlainHttp: bool('VK_REGISTRY_PLAIN_HTTP', false),
     registryCa,
     execWebSocket: bool('VK_EXEC_WEBSOCKET', true),
-    googleApplicationCredentials: optional('GOOGLE_APPLICATION_CREDENTIALS'),
+    googleApplicationCredentials,
+    registryGoogleAdc,
     leasesPath: str('VK_LEASES_PATH', '/var/lib/cocoon/net/leases.json'),
     // Unset means the default socket; an explicitly empty value disables release.
     netControlSocket: get('VK_COCOON_NET_CONTROL_SOCKET') ?? '/run/cocoon-net/control.sock',

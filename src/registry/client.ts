@@ -53,7 +53,12 @@ import {
   tokenExpiresAt,
   tokenUrl,
 } from './auth.ts';
-import { type CredentialSource, defaultCredentialSources, lookupCredential } from './credentials.ts';
+import {
+  type CredentialSource,
+  defaultCredentialSources,
+  type GoogleAdcMode,
+  lookupCredential,
+} from './credentials.ts';
 import {
   blobPath,
   displayReference,
@@ -130,6 +135,8 @@ export interface RegistryClientOptions {
   readonly maxIdleSockets?: number;
   /** PEM certificates trusted besides Node's default CAs (`OCI_REGISTRY_CA_FILE`): a private registry CA. */
   readonly ca?: string;
+  /** `VK_REGISTRY_GOOGLE_ADC` for the default credential sources (default: no Google credentials). */
+  readonly googleAdc?: GoogleAdcMode;
 }
 
 /** Options of a single registry request (the building block of every verb). */
@@ -355,7 +362,13 @@ export class RegistryClient {
       typeof opts.base === 'string' ? parseRegistryBase(opts.base, { plainHttp: opts.plainHttp }) : opts.base;
     this.#origin = registryOrigin(this.base);
     this.#log = (opts.log ?? silentLogger).child({ module: 'registry', registry: this.base.host });
-    this.#credentials = opts.credentials ?? defaultCredentialSources(process.env, this.#log);
+    this.#credentials =
+      opts.credentials ??
+      defaultCredentialSources(
+        process.env,
+        this.#log,
+        opts.googleAdc ? { mode: opts.googleAdc, host: this.base.host } : undefined,
+      );
     if (plainHttpCredentialRefusal(this.base.scheme, this.base.host, '') !== undefined) {
       // Said once at startup, so an operator learns it before the first 401 does.
       this.#log.warn(
@@ -1239,6 +1252,7 @@ export function registryFromConfig(
     readonly ociRegistry: string | undefined;
     readonly registryPlainHttp: boolean;
     readonly registryCa?: string | undefined;
+    readonly registryGoogleAdc?: GoogleAdcMode;
   },
   log?: Logger,
 ): RegistryClient | undefined {
@@ -1248,5 +1262,6 @@ export function registryFromConfig(
     plainHttp: config.registryPlainHttp,
     log,
     ...(config.registryCa !== undefined ? { ca: config.registryCa } : {}),
+    ...(config.registryGoogleAdc ? { googleAdc: config.registryGoogleAdc } : {}),
   });
 }

@@ -1,14 +1,15 @@
 /**
  * Registry credential sources (docs/registry.md "Authentication" item 2), tried in order for a host: the docker
  * config, with its credential helpers (`credHelpers`, `credsStore`) run through the docker-credential-helpers
- * protocol; Google Application Default Credentials plug in here as another {@link CredentialSource} placed first
- * (see {@link defaultCredentialSources}).
+ * protocol; Google application default credentials first where they serve the host (see
+ * {@link defaultCredentialSources}).
  */
 import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 import type { Logger } from '../log.ts';
+import { googleAuthPackage } from '../util/lazy-packages.ts';
 import { type Credential, credentialHelperFor, dockerConfigCredential, parseHelperAnswer } from './auth.ts';
 
 /** How long a credential helper may take to answer. */
@@ -134,19 +135,65 @@ export async function lookupCredential(
   return undefined;
 }
 
+/** `VK_REGISTRY_GOOGLE_ADC`: `auto` (Google registry hosts, when GOOGLE_APPLICATION_CREDENTIALS is set), `true`
+ * (the configured registry whatever its host; any ADC source, the metadata server included), `false`. */
+export type GoogleAdcMode = 'auto' | 'true' | 'false';
+
+/** gcr.io, *.gcr.io and *.pkg.dev (Artifact Registry): the hosts go-containerregistry's Google keychain serves. */
+export function isGoogleRegistryHost(host: string): boolean {
+  const name = host.toLowerCase().replace(/:\d+$/, '');
+  return name === 'gcr.io' || name.endsWith('.gcr.io') || name.endsWith('.pkg.dev');
+}
+
+/** Whether Google application default credentials serve `host` (pure; docs/registry.md "Authentication"). */
+export function usesGoogleAdc(
+  mode: GoogleAdcMode,
+  host: string,
+  env: NodeJS.ProcessEnv = process.env,
+): boolean {
+  if (mode === 'false') return false;
+  if (mode === 'true') return true;
+  return (env.GOOGLE_APPLICATION_CREDENTIALS ?? '') !== '' && isGoogleRegistryHost(host);
+}
+
+/** The OAuth2 scope of a registry access token (docs/registry.md "Authentication"). */
+const CLOUD_PLATFORM = 'https://www.googleapis.com/auth/cloud-platform';
+
 /**
- * The credential sources of the provider, in the order of docs/registry.md "Authentication":
+ * Google application default credentials as a registry credential: `oauth2accesstoken` and an
+ * access token, which google-auth-library caches and refreshes before it expires (a service
+ * account key named by GOOGLE_APPLICATION_CREDENTIALS, else gcloud's, else the metadata server).
+ * The library is loaded on the first lookup. A failure fails the lookup with its reason.
+ */
+export function googleAdcSource(log?: Logger): CredentialSource {
+  let auth: InstanceType<ReturnType<typeof googleAuthPackage>['GoogleAuth']> | undefined;
+  return async (host) => {
+    auth ??= new (googleAuthPackage().GoogleAuth)({ scopes: [CLOUD_PLATFORM] });
+    try {
+      const token = await auth.getAccessToken();
+      if (!token) throw new Error('no access token');
+      return { username: 'oauth2accesstoken', password: token };
+    } catch (error) {
+      log?.warn({ host, err: (error as Error).message }, 'Google application default credentials failed');
+      throw new Error(`Google application default credentials: ${(error as Error).message}`, {
+        cause: error,
+      });
+    }
+  };
+}
+
+/**
+ * The credential sources of the provider for a registry, in the order of docs/registry.md "Authentication":
  *
- * 1. Google Application Default Credentials — **not implemented yet**. The hook is this list: a
- *    future `googleAdcSource()` returning `{username: 'oauth2accesstoken', password: <access
- *    token>}` (refreshed before expiry) goes first. Until then a set
- *    `GOOGLE_APPLICATION_CREDENTIALS` refuses the daemon's startup (src/config/env.ts).
+ * 1. Google application default credentials, when {@link usesGoogleAdc} says they serve its host.
  * 2. The docker config file: `credHelpers.<host>`, else `credsStore`, run as
  *    `docker-credential-<name> get`; else `auths`.
  */
 export function defaultCredentialSources(
   env: NodeJS.ProcessEnv = process.env,
   log?: Logger,
+  google?: { mode: GoogleAdcMode; host: string },
 ): CredentialSource[] {
-  return [dockerConfigSource(env, log)];
+  const docker = dockerConfigSource(env, log);
+  return google && usesGoogleAdc(google.mode, google.host, env) ? [googleAdcSource(log), docker] : [docker];
 }

@@ -952,6 +952,80 @@ describe('fake registry (fault injection)', () => {
     }
   });
 
+  it('Google ADC through google-auth-library against a loopback metadata server; `auto` keeps it from a registry that is not Google', async () => {
+    const issued: string[] = [];
+    const metadataHits: string[] = [];
+    const google = http.createServer((req, res) => {
+      const url = new URL(req.url ?? '/', 'http://x');
+      if (url.pathname === '/token') {
+        issued.push(req.method ?? '');
+        return void res.writeHead(400).end();
+      }
+      if (url.pathname.startsWith('/computeMetadata/v1/')) {
+        metadataHits.push(url.pathname);
+        if (req.headers['metadata-flavor'] !== 'Google') return void res.writeHead(403).end();
+        res.setHeader('metadata-flavor', 'Google');
+        if (url.pathname.endsWith('/service-accounts/default/token')) {
+          return void res
+            .writeHead(200, { 'content-type': 'application/json' })
+            .end(JSON.stringify({ access_token: 'ya29.metadata-1', expires_in: 3600, token_type: 'Bearer' }));
+        }
+        return void res.writeHead(200, { 'content-type': 'text/plain' }).end('');
+      }
+      res.writeHead(404).end();
+    });
+    await new Promise<void>((r) => google.listen(0, '127.0.0.1', r));
+    const gport = (google.address() as { port: number }).port;
+    const keyDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-adc-'));
+    const keyFile = path.join(keyDir, 'key.json');
+    // Only its presence matters here: `auto` must not use it for a registry that is not Google.
+    fs.writeFileSync(
+      keyFile,
+      JSON.stringify({ type: 'service_account', token_uri: `http://127.0.0.1:${gport}/token` }),
+    );
+
+    const saved = { ...process.env };
+    // The metadata server's address must never be contacted here: every path points at the fake.
+    process.env.GCE_METADATA_HOST = `127.0.0.1:${gport}`;
+    process.env.GCE_METADATA_IP = `127.0.0.1:${gport}`;
+    process.env.HOME = keyDir; // no gcloud user credentials
+    const clients: RegistryClient[] = [];
+    try {
+      fresh();
+      fake.auth = 'basic';
+      fake.add('cocoon/x', 'v1', buildArtifact());
+      fs.rmSync(path.join(dockerDir, 'config.json'), { force: true });
+      // No key file: the metadata server (the fake at GCE_METADATA_HOST) gives the token.
+      delete process.env.GOOGLE_APPLICATION_CREDENTIALS;
+      fake.basic = { username: 'oauth2accesstoken', password: 'ya29.metadata-1' };
+      const fromMetadata = new RegistryClient({ base: `${fake.host}/cocoon`, googleAdc: 'true' });
+      clients.push(fromMetadata);
+      assert.notEqual(await fromMetadata.headManifest('cocoon/x', parseReference('v1')), 'absent');
+      assert.ok(
+        metadataHits.some((p) => p.endsWith('/service-accounts/default/token')),
+        metadataHits.join(', '),
+      );
+      // `auto` and a registry that is not Google: no Google credential is even fetched.
+      process.env.GOOGLE_APPLICATION_CREDENTIALS = keyFile;
+      const auto = new RegistryClient({ base: `${fake.host}/cocoon`, googleAdc: 'auto' });
+      clients.push(auto);
+      const hits = metadataHits.length;
+      await assert.rejects(
+        auto.headManifest('cocoon/x', parseReference('v1')),
+        /requires credentials and none are configured/,
+      );
+      assert.equal(metadataHits.length, hits, 'nothing asked of the metadata server');
+      assert.equal(issued.length, 0, 'nor of a token endpoint');
+    } finally {
+      for (const c of clients) c.close();
+      for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k];
+      Object.assign(process.env, saved);
+      fake.basic = { username: 'puller', password: 'pw' };
+      await new Promise((r) => google.close(r));
+      fs.rmSync(keyDir, { recursive: true, force: true });
+    }
+  });
+
   it('an expired token is fetched again', async () => {
     fresh();
     fake.auth = 'bearer';

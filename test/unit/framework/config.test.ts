@@ -89,10 +89,6 @@ test('settings this build cannot honour refuse the startup, each naming what to 
   assert.match(refused({ EPOCH_URL: 'https://epoch.example' }), /EPOCH_URL: .*set OCI_REGISTRY=/);
   assert.match(refused({ EPOCH_TOKEN: 't' }), /EPOCH_TOKEN: .*docker config/);
   assert.match(refused({ EPOCH_CA_CERT: '/etc/ca.pem' }), /EPOCH_CA_CERT: .*set OCI_REGISTRY_CA_FILE=/);
-  assert.match(
-    refused({ GOOGLE_APPLICATION_CREDENTIALS: '/k.json' }),
-    /GOOGLE_APPLICATION_CREDENTIALS: .*not supported yet/,
-  );
   // 0 (or empty) is v1 and the Go daemon's own default: accepted.
   assert.equal(refused({ SNAPSHOT_ZSTD_LEVEL: '0', SNAPSHOT_CHUNK_SIZE_MIB: '0', EPOCH_URL: '' }), '');
 });
@@ -188,6 +184,38 @@ test('OCI_REGISTRY_CA_FILE: a PEM bundle read at startup; a missing file or one 
       () => loadConfig({ OCI_REGISTRY_CA_FILE: join(dir, 'absent.pem') }),
       /OCI_REGISTRY_CA_FILE=.*ENOENT/,
     );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('GOOGLE_APPLICATION_CREDENTIALS: a file that exists; never sent to a registry that is not Google unless VK_REGISTRY_GOOGLE_ADC=true', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'vk-adc-'));
+  try {
+    const key = join(dir, 'key.json');
+    writeFileSync(key, '{}');
+    const ok = loadConfig({
+      GOOGLE_APPLICATION_CREDENTIALS: key,
+      OCI_REGISTRY: 'europe-docker.pkg.dev/acme/cocoon',
+    });
+    assert.equal(ok.registryGoogleAdc, 'auto');
+    assert.throws(
+      () => loadConfig({ GOOGLE_APPLICATION_CREDENTIALS: key, OCI_REGISTRY: 'registry.acme.test/cocoon' }),
+      /OCI_REGISTRY registry\.acme\.test is not a Google registry .*set VK_REGISTRY_GOOGLE_ADC=true/,
+    );
+    assert.equal(
+      loadConfig({
+        GOOGLE_APPLICATION_CREDENTIALS: key,
+        OCI_REGISTRY: 'registry.acme.test',
+        VK_REGISTRY_GOOGLE_ADC: 'true',
+      }).registryGoogleAdc,
+      'true',
+    );
+    assert.throws(
+      () => loadConfig({ GOOGLE_APPLICATION_CREDENTIALS: join(dir, 'absent.json') }),
+      /no such file/,
+    );
+    assert.throws(() => loadConfig({ VK_REGISTRY_GOOGLE_ADC: 'maybe' }), /VK_REGISTRY_GOOGLE_ADC/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

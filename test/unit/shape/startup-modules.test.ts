@@ -10,6 +10,7 @@
 //   four classes from their own files.
 // - ws and tar-stream: required on the first WebSocket exec and the first registry transfer.
 // - @node-rs/crc32 (a native addon, ~3.4 MB resident): required on the first peer checksum.
+// - google-auth-library (and gaxios & co.): required on the first lookup with Google ADC configured.
 // - pino (and thread-stream, sonic-boom, worker_threads): src/log.ts writes pino's lines itself.
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -50,7 +51,7 @@ function startupModules(): { internal: string[]; files: string[] } {
   return JSON.parse(line) as { internal: string[]; files: string[] };
 }
 
-test('the daemon loads neither undici, http2, the inspector, worker_threads, prom-client index, ws, tar-stream, the CRC addon nor pino at startup', () => {
+test('the daemon loads neither undici, http2, the inspector, worker_threads, prom-client index, ws, tar-stream, the CRC addon, google-auth-library nor pino at startup', () => {
   const { internal, files } = startupModules();
   assert.ok(internal.length > 50 && files.length > 50, 'the hook saw the module graph');
   const unwanted = internal.filter((m) =>
@@ -58,7 +59,7 @@ test('the daemon loads neither undici, http2, the inspector, worker_threads, pro
   );
   assert.deepEqual(unwanted, []);
   const packages = files.filter((f) =>
-    /\/node_modules\/(@opentelemetry\/|prom-client\/index\.js|prom-client\/lib\/(pushgateway|cluster|defaultMetrics)\.js|ws\/|tar-stream\/|streamx\/|@node-rs\/|pino\/|thread-stream\/|sonic-boom\/)/.test(
+    /\/node_modules\/(@opentelemetry\/|prom-client\/index\.js|prom-client\/lib\/(pushgateway|cluster|defaultMetrics)\.js|ws\/|tar-stream\/|streamx\/|@node-rs\/|google-auth-library\/|gaxios\/|gcp-metadata\/|pino\/|thread-stream\/|sonic-boom\/)/.test(
       f,
     ),
   );
