@@ -305,10 +305,6 @@ class VerifyingStream extends Transform {
     this.#size = size;
   }
 
-  get bytesSeen(): number {
-    return this.#seen;
-  }
-
   override _transform(chunk: Buffer, _enc: BufferEncoding, cb: TransformCallback): void {
     this.#seen += chunk.length;
     if (this.#seen > this.#size) {
@@ -494,6 +490,9 @@ export class RegistryClient {
     const verifier = new VerifyingStream(desc.digest, desc.size);
     let current = res;
     let resumes = 0;
+    // Bytes handed to the verifier so far: where a resume starts. (The verifier's own count lags
+    // behind while it holds written bytes its reader has not taken yet.)
+    let received = 0;
     verifier.on('close', () => {
       if (!current.complete) current.destroy();
     });
@@ -508,7 +507,7 @@ export class RegistryClient {
       const onCut = (error?: Error) => {
         if (cut || verifier.destroyed) return;
         cut = true;
-        const seen = verifier.bytesSeen;
+        const seen = received;
         if (resumes >= BLOB_RESUMES || signal?.aborted || seen >= desc.size) {
           verifier.destroy(
             networkError(
@@ -557,6 +556,7 @@ export class RegistryClient {
           data = data.subarray(n);
           if (data.length === 0) return;
         }
+        received += data.length;
         if (!verifier.write(data)) {
           body.pause();
           verifier.once('drain', () => body.resume());
@@ -564,8 +564,8 @@ export class RegistryClient {
       });
       body.on('error', (error) => onCut(error));
       body.on('end', () => {
-        if (body.complete && toSkip === 0 && verifier.bytesSeen === desc.size) verifier.end();
-        else if (body.complete && verifier.bytesSeen < desc.size && !cut) onCut();
+        if (body.complete && toSkip === 0 && received === desc.size) verifier.end();
+        else if (body.complete && received < desc.size && !cut) onCut();
         else if (!cut) verifier.end(); // more than the size is the verifier's own verdict
       });
       body.on('close', () => {

@@ -15,6 +15,7 @@ import { after, before, describe, it } from 'node:test';
 import tar from 'tar-stream';
 import { issueCert, makeCa } from '../../ground/certs.ts';
 import { type Ground, useGround } from '../../ground/ground.ts';
+import { waitFor } from '../../ground/proc.ts';
 import { startRegistry, stopRegistry } from '../../ground/registry.ts';
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
@@ -1196,6 +1197,21 @@ describe('fake registry (fault injection)', () => {
       assert.ok(at > 0 && at <= 150_000, `${fault}: resumed at ${at}, at most where the cut was`);
       // Success means the verifier saw every byte once, in order: size and digest matched.
     }
+  });
+
+  it('a cut while the reader is not reading: the resume starts after the bytes already handed over, none twice', async () => {
+    fresh();
+    fake.ranges.length = 0;
+    const a = buildArtifact();
+    fake.add('cocoon/x', 'v1', a);
+    const memory = a.files[2]!.data;
+    fake.fault = (_m, p) => (p === memoryPath(a) ? 'drop-once' : undefined);
+    const stream = await registry.getBlob('cocoon/x', { digest: sha(memory), size: memory.length });
+    // Nothing read until the first connection has been cut and the resume asked for.
+    await waitFor('the resume', () => fake.ranges.some((r) => r !== undefined), 10_000, 10);
+    const chunks: Buffer[] = [];
+    for await (const c of stream) chunks.push(c as Buffer);
+    assert.ok(Buffer.concat(chunks).equals(memory), 'every byte once, in order');
   });
 
   it('reads ahead in parallel within the budget, sequentially with a zero budget; logs progress', async () => {
