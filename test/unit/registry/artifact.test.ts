@@ -1,17 +1,14 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import fc from 'fast-check';
 import {
   classifyArtifact,
   type IndexChild,
   layerMediaType,
   MANIFEST_ACCEPT,
   MAX_CONFIG_BYTES,
-  type ManifestDocument,
   MEDIA_TYPE,
   parseManifestDocument,
   parseSnapshotConfig,
-  type SnapshotManifest,
   selectIndexChild,
   snapshotEnvelope,
   validateSnapshotManifest,
