@@ -2,7 +2,7 @@
 // alone; a TLS client that trusts it reaches the server by node name and by IP.
 import assert from 'node:assert/strict';
 import { createPrivateKey, createPublicKey, X509Certificate } from 'node:crypto';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { createServer, request } from 'node:https';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -34,9 +34,10 @@ test('a missing pair yields a self-signed P-256 certificate with the SANs, 10 ye
   assert.match(s.key, /^-----BEGIN PRIVATE KEY-----\n/);
 });
 
-test('a readable unexpired pair is used; an expired one is replaced with a reason', async () => {
+test('a readable unexpired pair is used; an expired one is replaced with a reason', async (t) => {
   const made = await loadOrCreateServingCert('/no/such.crt', '/no/such.key', sans);
   const dir = mkdtempSync(join(tmpdir(), 'vk-tls-'));
+  t.after(() => rmSync(dir, { recursive: true, force: true }));
   writeFileSync(join(dir, 'tls.crt'), made.cert);
   writeFileSync(join(dir, 'tls.key'), made.key);
   const used = await loadOrCreateServingCert(join(dir, 'tls.crt'), join(dir, 'tls.key'), sans);
