@@ -781,7 +781,17 @@ class FakeRegistry {
     }
     if (fault === 'truncate' || (fault === 'norange' && !this.#dropped.has(digest))) {
       this.#dropped.add(digest);
-      res.write(data.subarray(0, Math.floor(data.length / 2)), () => res.destroy());
+      // Half the body in 16 KiB pieces a few ms apart (so the client takes several reads, as
+      // from a real network), then the connection drops.
+      const half = Math.floor(data.length / 2);
+      let off = 0;
+      const next = () => {
+        if (off >= half) return void res.destroy();
+        const piece = data.subarray(off, Math.min(half, off + 16 * 1024));
+        off += piece.length;
+        res.write(piece, () => setTimeout(next, 2));
+      };
+      next();
       return;
     }
     if (fault === 'stall') {
