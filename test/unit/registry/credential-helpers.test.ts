@@ -6,7 +6,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { credentialHelperFor, parseHelperAnswer } from '../../../src/registry/auth.ts';
-import { dockerConfigSource, runCredentialHelper } from '../../../src/registry/credentials.ts';
+import {
+  defaultCredentialSources,
+  dockerConfigSource,
+  isGoogleRegistryHost,
+  runCredentialHelper,
+  usesGoogleAdc,
+} from '../../../src/registry/credentials.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'vk-credhelper-'));
 after(() => rmSync(dir, { recursive: true, force: true }));
@@ -88,5 +94,40 @@ describe('runCredentialHelper (docker-credential-helpers protocol)', () => {
     const source = dockerConfigSource(env);
     assert.deepEqual(await source('any.test'), { username: 'from-store', password: 's' });
     await assert.rejects(source('bad.test'), /keychain locked/);
+  });
+});
+
+describe('which registries get Google application default credentials (VK_REGISTRY_GOOGLE_ADC)', () => {
+  const key = { GOOGLE_APPLICATION_CREDENTIALS: '/etc/vk/key.json' };
+
+  it('Google registry hosts: gcr.io, *.gcr.io, *.pkg.dev (any port); nothing that merely contains them', () => {
+    for (const h of ['gcr.io', 'eu.gcr.io', 'europe-docker.pkg.dev', 'us-docker.pkg.dev:443'])
+      assert.equal(isGoogleRegistryHost(h), true, h);
+    for (const h of [
+      'gcr.io.evil.test',
+      'pkg.dev.evil.test',
+      'notgcr.io',
+      'registry.acme.test',
+      '127.0.0.1:5000',
+    ])
+      assert.equal(isGoogleRegistryHost(h), false, h);
+  });
+
+  it('auto: Google hosts and only with a key file; true: any host; false: never', () => {
+    assert.equal(usesGoogleAdc('auto', 'europe-docker.pkg.dev', key), true);
+    assert.equal(
+      usesGoogleAdc('auto', 'europe-docker.pkg.dev', {}),
+      false,
+      'no key: no metadata probe on a bare-metal host',
+    );
+    assert.equal(usesGoogleAdc('auto', 'registry.acme.test', key), false);
+    assert.equal(usesGoogleAdc('true', 'registry.acme.test', {}), true);
+    assert.equal(usesGoogleAdc('false', 'gcr.io', key), false);
+    // The Google source goes first, before the docker config; without it only the docker config.
+    assert.equal(defaultCredentialSources(key, undefined, { mode: 'auto', host: 'gcr.io' }).length, 2);
+    assert.equal(
+      defaultCredentialSources(key, undefined, { mode: 'auto', host: 'registry.acme.test' }).length,
+      1,
+    );
   });
 });
