@@ -19,13 +19,14 @@
 // one JSON line on stdout: {ms, bytes, idleKiB, hwmKiB, cpuMs, childrenCpuMs, dir?, files?}.
 import fs from 'node:fs';
 import { CocoonCli } from '../src/cocoon/runner.ts';
+import { inspectSnapshot } from '../src/cocoon/snapshots.ts';
 import { createLogger, silentLogger } from '../src/log.ts';
 import { PeerClient } from '../src/peer/client.ts';
 import { PeerServer } from '../src/peer/server.ts';
 import { stagedBytesBound } from '../src/peer/wire.ts';
 import { RegistryClient } from '../src/registry/client.ts';
-import { inspectSnapshot, pullSnapshot } from '../src/registry/pull.ts';
-import { readSnapshotIdentity } from '../src/registry/push.ts';
+import { readSnapshotIdentity } from '../src/registry/identity.ts';
+import { pullSnapshot } from '../src/registry/pull.ts';
 import { clockTicks, memOf, parseStatTimes } from './lib/procfs.ts';
 
 interface ServeJob {

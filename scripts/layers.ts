@@ -39,7 +39,7 @@ const FRAMEWORK = ['pods', 'kubelet', 'node'];
 /** Parts that may import only these (paths under src/, a file or a whole folder). */
 const ONLY: Readonly<Record<string, readonly string[]>> = {
   // docs/peer-restore.md: the peer library never runs cocoon or talks to Kubernetes itself.
-  peer: ['peer', 'util', 'log.ts', 'registry/artifact.ts'],
+  peer: ['peer', 'util', 'log.ts', 'registry/artifact-config.ts'],
 };
 
 function part(file: string): string {

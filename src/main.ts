@@ -5,7 +5,7 @@
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { Ledger } from './authority/ledger.ts';
+import { LEDGER_FILE, Ledger } from './authority/ledger.ts';
 import { runExplain, withExplainUsage } from './cli/explain/command.ts';
 import { CocoonCli } from './cocoon/runner.ts';
 import { ConfigError, helpText, loadConfig } from './config/env.ts';
@@ -31,7 +31,7 @@ import { lifecycleMetrics } from './provider/cocoon/metrics.ts';
 import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { registryFromConfig } from './registry/client.ts';
 import { RunImageImporter } from './registry/image-import.ts';
-import { SnapshotPuller } from './registry/pull.ts';
+import { SnapshotPuller } from './registry/snapshot-puller.ts';
 import { RegistrySnapshotStore } from './registry/store.ts';
 import { attachSampler } from './stats/collect.ts';
 import { statsRoutes } from './stats/routes.ts';
@@ -182,7 +182,7 @@ async function main(argv: string[]): Promise<number> {
   // The provenance ledger (docs/security.md): opened before anything is adopted; a file
   // that does not decode stops the startup.
   const ledger = await Ledger.open({
-    path: join(config.stateDir, 'ledger.json'),
+    path: join(config.stateDir, LEDGER_FILE),
     node: config.nodeName,
     log,
   });

@@ -1,6 +1,7 @@
 // The provenance ledger (docs/security.md, "The provenance ledger"): every VM the daemon
 // creates and every local snapshot it writes, with its owner identity, pod, node and time,
-// plus the in-flight facts a restart needs (a CH+Windows wake's restore flag). Durable: an
+// plus the in-flight facts a restart needs (a CH+Windows wake's restore flag, the delete-time
+// pushes the registry has not taken yet). Durable: an
 // intent is written before the cocoon call that makes the thing and confirmed after it; each
 // write replaces the file atomically (temp file, fsync, rename, fsync of the directory) with
 // mode 0600. Concurrent writes are group-committed: one file write carries every change made
@@ -17,6 +18,8 @@ import type { Logger } from '../log.ts';
 import { describeOwner, type Owner } from './owner.ts';
 import { entryOwns, type LedgerEntry } from './rules.ts';
 
+/** The ledger's file name in VK_STATE_DIR. */
+export const LEDGER_FILE = 'ledger.json';
 const FILE_VERSION = 1;
 const FILE_MODE = 0o600;
 
@@ -33,6 +36,29 @@ const EntrySchema = v.object({
   origin: v.picklist(['created', 'upgrade', 'pulled']),
   intentAt: v.optional(v.string()),
 });
+/** A delete-time push the registry did not take in time (docs/registry.md, "Delete during a
+ * registry outage"): the local snapshot it pushes, and who and when it was saved for. */
+const PushSchema = v.object({
+  /** The local snapshot (the VM name) and the tag it goes to. */
+  name: v.string(),
+  repo: v.string(),
+  tag: v.string(),
+  /** The local snapshot's cocoon ID at the save: a different one is newer state. */
+  snapshotId: v.string(),
+  baseImage: v.string(),
+  owner: OwnerSchema,
+  pod: v.string(),
+  podUid: v.string(),
+  /** RFC 3339: when the state was saved (a registry tag created later is newer). */
+  savedAt: v.string(),
+  /** keep-snapshot-on-delete: the local snapshot stays after the push. */
+  keep: v.boolean(),
+  attempts: v.pipe(v.number(), v.safeInteger(), v.minValue(0)),
+  lastError: v.string(),
+  lastAttemptAt: v.string(),
+});
+export type PendingPush = v.InferOutput<typeof PushSchema>;
+
 const FileSchema = v.object({
   version: v.literal(FILE_VERSION),
   node: v.string(),
@@ -40,6 +66,8 @@ const FileSchema = v.object({
   snapshots: v.record(v.string(), EntrySchema),
   /** VM names whose bring-up is a CH+Windows restore (no PnP fixup after a restart). */
   restores: v.record(v.string(), v.object({ vmId: v.string(), at: v.string() })),
+  /** Deferred delete-time pushes by local snapshot name (absent in files written before them). */
+  pushes: v.optional(v.record(v.string(), PushSchema), {}),
 });
 type LedgerFile = v.InferOutput<typeof FileSchema>;
 
@@ -80,7 +108,7 @@ export class Ledger {
       undefined,
       node,
       log,
-      { version: FILE_VERSION, node, vms: {}, snapshots: {}, restores: {} },
+      { version: FILE_VERSION, node, vms: {}, snapshots: {}, restores: {}, pushes: {} },
       true,
     );
   }
@@ -95,6 +123,7 @@ export class Ledger {
       vms: {},
       snapshots: {},
       restores: {},
+      pushes: {},
     });
     if (!opts.path) return new Ledger(undefined, opts.node, opts.log, empty(), true);
     let text: string;
@@ -226,6 +255,41 @@ export class Ledger {
     await this.#commit();
   }
 
+  /** The deferred pushes, oldest save first. */
+  pendingPushes(): PendingPush[] {
+    return Object.values(this.#data.pushes).sort((a, b) => a.savedAt.localeCompare(b.savedAt));
+  }
+
+  pendingPush(name: string): PendingPush | undefined {
+    return this.#data.pushes[name];
+  }
+
+  /** Records a deferred push (replacing one of the same local snapshot: a later save of it). */
+  async deferPush(push: Omit<PendingPush, 'attempts' | 'lastAttemptAt'>): Promise<void> {
+    this.#data.pushes[push.name] = { ...push, attempts: 0, lastAttemptAt: '' };
+    await this.#commit();
+  }
+
+  /** Counts a failed attempt of a deferred push and keeps its error. */
+  async pushFailed(name: string, error: string): Promise<void> {
+    const was = this.#data.pushes[name];
+    if (!was) return;
+    this.#data.pushes[name] = {
+      ...was,
+      attempts: was.attempts + 1,
+      lastError: error,
+      lastAttemptAt: new Date().toISOString(),
+    };
+    await this.#commit();
+  }
+
+  /** Ends a deferred push (pushed, or dropped as superseded). */
+  async endPush(name: string): Promise<void> {
+    if (!(name in this.#data.pushes)) return;
+    delete this.#data.pushes[name];
+    await this.#commit();
+  }
+
   /** The one-time upgrade rule: entries taken over from a node that had no ledger. */
   async takeOver(
     entries: readonly { kind: LedgerKind; name: string; id: string; owner: Owner; pod: LedgerPod }[],
@@ -281,6 +345,16 @@ export class Ledger {
         delete this.#data.snapshots[name];
         dropped++;
       }
+      // A deferred push whose local snapshot is gone has nothing left to push.
+      for (const [name, push] of Object.entries(this.#data.pushes)) {
+        if (snaps.has(name)) continue;
+        this.#log.warn(
+          { snapshot: name, repo: push.repo, tag: push.tag, savedAt: push.savedAt },
+          'ledger: deferred push without its local snapshot; dropped (the state it held is lost)',
+        );
+        delete this.#data.pushes[name];
+        dropped++;
+      }
     }
     for (const name of Object.keys(this.#data.restores))
       if (!this.#data.vms[name]) delete this.#data.restores[name];
@@ -290,8 +364,12 @@ export class Ledger {
   }
 
   /** Counts by table (metrics, explain). */
-  size(): { vms: number; snapshots: number } {
-    return { vms: Object.keys(this.#data.vms).length, snapshots: Object.keys(this.#data.snapshots).length };
+  size(): { vms: number; snapshots: number; pushes: number } {
+    return {
+      vms: Object.keys(this.#data.vms).length,
+      snapshots: Object.keys(this.#data.snapshots).length,
+      pushes: Object.keys(this.#data.pushes).length,
+    };
   }
 
   /** Waits until every change made so far is on disk. */

@@ -40,7 +40,10 @@ export type RuleName =
   | 'state-foreign'
   | 'state-unstamped'
   | 'tag-foreign'
-  | 'tag-unstamped';
+  | 'tag-unstamped'
+  | 'push-superseded'
+  | 'push-recreated'
+  | 'push-newer-state';
 
 export type Verdict =
   | { readonly ok: true }
@@ -260,4 +263,82 @@ export function mayOverwriteTag(
     'tag-unstamped',
     `${ref} exists without an owner stamp (a shared base image, or state no setting lets this pod claim): never overwritten`,
   );
+}
+
+/** A registry tag's stamp and its `org.opencontainers.image.created` (`''`: undated). */
+export interface DatedStamp extends Stamp {
+  readonly created: string;
+}
+
+/** The deferred push being tried (src/authority/ledger.ts PendingPush fits). */
+export interface DeferredPush {
+  readonly name: string;
+  readonly repo: string;
+  readonly tag: string;
+  readonly snapshotId: string;
+  readonly owner: Owner;
+  /** RFC 3339: when the state was saved. */
+  readonly savedAt: string;
+}
+
+/** What a deferred push meets when it is tried. */
+export interface DeferredPushFacts {
+  /** The ledger's entry of the local snapshot now. */
+  readonly snapshot: LedgerEntry | undefined;
+  /** The ledger's entry of a VM of that name on this host now. */
+  readonly vm: LedgerEntry | undefined;
+  /** The registry's target tag, and the repo's `hibernate` tag. */
+  readonly target: DatedStamp | 'absent';
+  readonly hibernate: DatedStamp | 'absent';
+  readonly acceptUnstamped: boolean;
+}
+
+/** Strictly later than `savedAt`; an undated or unreadable time counts as later (a state
+ * nobody can date is never overwritten). */
+function writtenAfter(created: string, savedAt: string): boolean {
+  const t = Date.parse(created);
+  const saved = Date.parse(savedAt);
+  return !Number.isFinite(t) || !Number.isFinite(saved) || t > saved;
+}
+
+/** Row 10, a deferred delete-time push (docs/security.md): it writes the state it saved only
+ * while that state is still the identity's newest. Refused (and dropped) when the local
+ * snapshot is no longer the one saved for it, when the identity runs again on this host in a
+ * VM made after the save, when the target tag is another identity's, or when a tag of this
+ * identity was written after the save (it was re-created, ran and saved elsewhere). */
+export function mayPushDeferred(p: DeferredPush, f: DeferredPushFacts): Verdict {
+  const ref = `${p.repo}:${p.tag}`;
+  const snap = f.snapshot;
+  if (!snap || !sameOwner(snap.owner, p.owner) || (p.snapshotId !== '' && snap.id !== p.snapshotId)) {
+    return no(
+      'push-superseded',
+      `the local snapshot ${p.name} is no longer the state saved for ${describeOwner(p.owner)} at ${p.savedAt}: ${ref} not written`,
+    );
+  }
+  if (f.vm && sameOwner(f.vm.owner, p.owner) && writtenAfter(f.vm.at, p.savedAt)) {
+    return no(
+      'push-recreated',
+      `${describeOwner(p.owner)} runs again on this host (VM ${f.vm.id || f.vm.name} made ${f.vm.at}, after the save at ${p.savedAt}): ${ref} not written`,
+    );
+  }
+  const target = mayOverwriteTag(p.owner, p.repo, p.tag, f.target, f.acceptUnstamped);
+  if (!target.ok) return target;
+  const newer = (tag: string, s: DatedStamp | 'absent') => {
+    if (s === 'absent') return false;
+    // Only this identity's state counts (another's `hibernate` is no evidence about it).
+    if (!mayOverwriteTag(p.owner, p.repo, tag, s, f.acceptUnstamped).ok) return false;
+    return writtenAfter(s.created, p.savedAt);
+  };
+  for (const [tag, s] of [
+    [p.tag, f.target],
+    ['hibernate', f.hibernate],
+  ] as const) {
+    if (!newer(tag, s)) continue;
+    const when = s !== 'absent' && s.created ? `written ${s.created}` : 'undated';
+    return no(
+      'push-newer-state',
+      `${p.repo}:${tag} of ${describeOwner(p.owner)} (${when}) is newer than the state saved at ${p.savedAt}: ${ref} not written`,
+    );
+  }
+  return OK;
 }

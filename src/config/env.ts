@@ -13,6 +13,9 @@ import { type NetworkPolicy, parseNetworkPolicy } from '../vmspec/network-policy
 import { parseQuantity, quantityValue } from '../vmspec/quantity.ts';
 import { PEER_ENV_DOCS, type PeerConfig, parsePeerConfig } from './peer.ts';
 
+/** VK_STATE_DIR's default (the daemon and `vk-cocoon explain` read the ledger there). */
+export const DEFAULT_STATE_DIR = '/var/lib/vk-cocoon';
+
 export type OrphanPolicy = 'destroy' | 'alert' | 'keep';
 export type RestoreMode = 'copy' | 'ondemand' | 'mmap';
 export type KubeletAuthMode = 'webhook' | 'none';
@@ -180,9 +183,9 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   },
   {
     name: 'VK_STATE_DIR',
-    default: '/var/lib/vk-cocoon',
+    default: DEFAULT_STATE_DIR,
     meaning:
-      "the daemon's own state: the provenance ledger (ledger.json, mode 0600) of the VMs and snapshots it made",
+      "the daemon's own state: the provenance ledger (ledger.json, mode 0600) of the VMs and snapshots it made, and the delete-time pushes still waiting for the registry",
   },
   {
     name: 'VK_ACCEPT_UNSTAMPED_STATE',
@@ -588,7 +591,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     cocoonRootDir: str('COCOON_ROOT_DIR', '/var/lib/cocoon'),
     cgroupParent: str('COCOON_CGROUP_PARENT', 'cocoon.slice'),
     orphanPolicy: oneOf<OrphanPolicy>('VK_ORPHAN_POLICY', 'destroy', ['destroy', 'alert', 'keep']),
-    stateDir: str('VK_STATE_DIR', '/var/lib/vk-cocoon'),
+    stateDir: str('VK_STATE_DIR', DEFAULT_STATE_DIR),
     acceptUnstampedState: bool('VK_ACCEPT_UNSTAMPED_STATE', true),
     restoreMode: oneOf<RestoreMode>('VK_RESTORE_MODE', 'ondemand', ['copy', 'ondemand', 'mmap']),
     tlsCert: str('VK_TLS_CERT', '/etc/cocoon/vk/tls/vk-kubelet.crt'),

@@ -24,6 +24,7 @@ export type StartupResumeOp = 'hibernate' | 'post_clone' | 'ready_wait' | 'class
 export type HibernateEvidenceVerdict = 'restored' | 'image_conflict' | 'source_conflict' | 'unavailable';
 export type HibernatePhase = 'dhcp_release' | 'netresize' | 'snapshot' | 'push' | 'remove';
 export type WakeIpWaitResult = 'ok' | 'timeout';
+export type DeferredPushResult = 'deferred' | 'pushed' | 'dropped' | 'failed';
 export type { PostCloneKind };
 
 // ---------------------------------------------------------------------------------------------
@@ -97,6 +98,8 @@ export interface Metrics {
   snapshotPull: LabeledCounter<{ result: string }>;
   snapshotSave: LabeledCounter<{ result: string }>;
   snapshotPush: LabeledCounter<{ result: string }>;
+  deferredPush: LabeledCounter<{ result: DeferredPushResult }>;
+  deferredPushesPending: { set(value: number): void };
   snapshotVerify: LabeledCounter<{ result: VerifyResult }>;
   snapshotPeerRestore: LabeledCounter<{ result: string }>;
   cloneFromDir: LabeledCounter<{ result: string }>;
@@ -219,6 +222,16 @@ export function createMetrics(options: CreateMetricsOptions = {}): Metrics {
     snapshotPush: counter('cocoon_vk_snapshot_push_total', 'Snapshot pushes to the registry by result.', [
       'result',
     ]),
+    deferredPush: counter(
+      'cocoon_vk_snapshot_deferred_push_total',
+      'Delete-time pushes deferred past a registry outage or the grace period, and what became of each try (deferred, pushed, dropped, failed).',
+      ['result'],
+    ),
+    deferredPushesPending: new Gauge({
+      name: 'cocoon_vk_snapshot_deferred_pushes',
+      help: 'Deferred delete-time pushes not yet in the registry (their local snapshots are kept).',
+      registers,
+    }),
     snapshotVerify: counter(
       'cocoon_vk_snapshot_verify_total',
       'Local snapshot verifications against the registry tag by result (ok, stale, error).',

@@ -21,6 +21,7 @@ import type { V1Node } from '@kubernetes/client-node';
 import type { Ledger } from '../authority/ledger.ts';
 import { entryOwns } from '../authority/rules.ts';
 import type { CocoonCli } from '../cocoon/runner.ts';
+import { inspectSnapshot } from '../cocoon/snapshots.ts';
 import type { PeerConfig } from '../config/peer.ts';
 import { apiErrorMessage, apiStatus, type Kube } from '../kube/client.ts';
 import { loadOrCreateServingCert } from '../kubelet/tls.ts';
@@ -30,8 +31,7 @@ import { PeerClient, sweepStaging } from '../peer/client.ts';
 import { nodeFromCert, type PeerCaller, PeerServer } from '../peer/server.ts';
 import { certSha256 } from '../peer/transport.ts';
 import { stagedBytesBound } from '../peer/wire.ts';
-import type { SnapshotConfig } from '../registry/artifact.ts';
-import { inspectSnapshot } from '../registry/pull.ts';
+import type { SnapshotConfig } from '../registry/artifact-config.ts';
 
 export interface PeerHostOptions {
   config: PeerConfig;

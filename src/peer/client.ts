@@ -7,7 +7,7 @@ import { constants, promises as fsp } from 'node:fs';
 import type { FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from '../log.ts';
-import type { SnapshotConfig } from '../registry/artifact.ts';
+import type { SnapshotConfig } from '../registry/artifact-config.ts';
 import { fetchSlice, SectionWriter } from './fetch.ts';
 import { Gate, runPool, TokenBucket } from './gate.ts';
 import { get, makeAgent, PeerRestoreError, readSome } from './transport.ts';

@@ -3,7 +3,7 @@
 // slice checksum, the query strings, the client's plan checks and the staged envelope. Pure:
 // the server (server.ts, slice.ts), the client (client.ts) and the tests share these, so each
 // constant and each formatting rule lives here once.
-import { ENVELOPE_FIELDS, type SnapshotConfig } from '../registry/artifact.ts';
+import { ENVELOPE_FIELDS, type SnapshotConfig } from '../registry/artifact-config.ts';
 import { crc32Package } from '../util/lazy-packages.ts';
 import { goJson, goQueryEscape } from './gojson.ts';
 

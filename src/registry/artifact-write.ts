@@ -6,16 +6,13 @@
  * in a fixed order) and the caller-annotation check. Nothing here does I/O.
  */
 import type { Decoded } from '../cocoon/records.ts';
+import { type Descriptor, MEDIA_TYPE, TITLE_ANNOTATION, titleProblem } from './artifact.ts';
 import {
-  type Descriptor,
-  MEDIA_TYPE,
   parseSnapshotConfig,
   type SnapshotFileInfo,
   SPARSE_MAP_PAX,
   SPARSE_SIZE_PAX,
-  TITLE_ANNOTATION,
-  titleProblem,
-} from './artifact.ts';
+} from './artifact-config.ts';
 
 /** Manifest annotations the provider writes itself (docs/registry.md "Manifest annotations"). */
 export const ANNOTATION = {

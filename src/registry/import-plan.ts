@@ -4,15 +4,13 @@
  * PAX records; and which blob the read-ahead downloads next. Every check fails closed before a byte is streamed.
  */
 import type { Decoded } from '../cocoon/records.ts';
+import { type SnapshotLayer, type SnapshotManifest, ZSTD_SUFFIX } from './artifact.ts';
 import {
   DEFAULT_FILE_MODE,
   type SnapshotConfig,
-  type SnapshotLayer,
-  type SnapshotManifest,
   SPARSE_MAP_PAX,
   SPARSE_SIZE_PAX,
-  ZSTD_SUFFIX,
-} from './artifact.ts';
+} from './artifact-config.ts';
 
 /** Debug annotations of a v2 chunk layer (the config's `chunks` list is authoritative). */
 export const CHUNK_INDEX_ANNOTATION = 'cocoonstack.chunk.index';

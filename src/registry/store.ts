@@ -1,14 +1,15 @@
 // The registry side of hibernate, wake and delete-time snapshots in one object (the
 // provider's SnapshotStore port, src/provider/cocoon/context.ts): push (push.ts), the identity
-// read and the tag delete, and the wake pull into a local name (pull.ts), each bounded by the
+// read and the tag delete (identity.ts), and the wake pull into a local name (pull.ts), each bounded by the
 // daemon's lifetime and the transfer settings of the configuration (docs/registry.md).
 import type { SnapshotRecord } from '../cocoon/records.ts';
 import type { CocoonCli } from '../cocoon/runner.ts';
 import type { Logger } from '../log.ts';
 import { ANNOTATION } from './artifact-write.ts';
 import type { RegistryClient } from './client.ts';
+import { deleteSnapshotTag, readSnapshotIdentity, type SnapshotIdentity } from './identity.ts';
 import { PULL_CAP_MS, pullSnapshot } from './pull.ts';
-import { deleteSnapshotTag, pushSnapshot, readSnapshotIdentity, type SnapshotIdentity } from './push.ts';
+import { pushSnapshot } from './push.ts';
 import type { V2Format } from './v2-write.ts';
 
 export interface SnapshotStoreOptions {

@@ -12,7 +12,8 @@ import { useWorld, type World } from '../../ground/world.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { silentLogger } from '../../src/log.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
-import { pushSnapshot, readSnapshotIdentity } from '../../src/registry/push.ts';
+import { readSnapshotIdentity } from '../../src/registry/identity.ts';
+import { pushSnapshot } from '../../src/registry/push.ts';
 import { annotate, cliCalls, fixture, lifecycle, managedAnnotations, podEvents } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });

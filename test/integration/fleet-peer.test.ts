@@ -26,7 +26,7 @@ import { type FleetHost, type FleetWorld, fixtureOnEveryHost, useFleet } from '.
 import { vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
-import { deleteSnapshotTag } from '../../src/registry/push.ts';
+import { deleteSnapshotTag } from '../../src/registry/identity.ts';
 import { parseReference } from '../../src/registry/reference.ts';
 import { annotate, isReady, lifecycle, mergePatch, vmIdOf } from './helpers.ts';
 import { faultyPeer, type GoPusher, goPusher } from './peer-standins.ts';

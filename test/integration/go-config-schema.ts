@@ -1,7 +1,7 @@
 // The snapshot config as cocoonstack's Go reader decodes it (cocoon-common v0.3.0
 // `manifest.SnapshotConfig`; docs/registry.md "Config blob"): every field with the JSON type
 // of its Go field. A value of another type makes that reader refuse the whole config, so a
-// config we push must pass this schema exactly (our own reader, src/registry/artifact.ts, is
+// config we push must pass this schema exactly (our own reader, src/registry/artifact-config.ts, is
 // lenient on purpose: it also reads older artifacts, e.g. a `sparseSize` string).
 import * as v from 'valibot';
 

@@ -7,7 +7,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import { RegistryClient } from '../../src/registry/client.ts';
-import { readSnapshotIdentity } from '../../src/registry/push.ts';
+import { readSnapshotIdentity } from '../../src/registry/identity.ts';
 import { parseReference } from '../../src/registry/reference.ts';
 import { annotate, type FixtureKind, fixture, isReady, lifecycle } from './helpers.ts';
 

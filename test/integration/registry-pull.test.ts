@@ -22,9 +22,11 @@ import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { loadConfig } from '../../src/config/env.ts';
 import { createLogger, silentLogger } from '../../src/log.ts';
 import { MEDIA_TYPE } from '../../src/registry/artifact.ts';
-import { RegistryClient, RegistryError, registryFromConfig } from '../../src/registry/client.ts';
-import { pullSnapshot, SnapshotPullError, SnapshotPuller } from '../../src/registry/pull.ts';
+import { RegistryClient, registryFromConfig } from '../../src/registry/client.ts';
+import { RegistryError } from '../../src/registry/errors.ts';
+import { pullSnapshot, SnapshotPullError } from '../../src/registry/pull.ts';
 import { parseReference } from '../../src/registry/reference.ts';
+import { SnapshotPuller } from '../../src/registry/snapshot-puller.ts';
 
 const ground = useGround();
 let g: Ground;

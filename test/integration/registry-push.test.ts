@@ -22,20 +22,13 @@ import { type RegistryState, startRegistry, stopRegistry } from '../../ground/re
 import { newSimRoot, type SimRoot } from '../../sim/client.ts';
 import { CocoonCli } from '../../src/cocoon/runner.ts';
 import { silentLogger } from '../../src/log.ts';
-import {
-  MEDIA_TYPE,
-  parseManifestDocument,
-  parseSnapshotConfig,
-  validateSnapshotManifest,
-} from '../../src/registry/artifact.ts';
-import { RegistryClient, RegistryError } from '../../src/registry/client.ts';
+import { MEDIA_TYPE, parseManifestDocument, validateSnapshotManifest } from '../../src/registry/artifact.ts';
+import { parseSnapshotConfig } from '../../src/registry/artifact-config.ts';
+import { RegistryClient } from '../../src/registry/client.ts';
+import { RegistryError } from '../../src/registry/errors.ts';
+import { deleteSnapshotTag, readSnapshotIdentity } from '../../src/registry/identity.ts';
 import { pullSnapshot } from '../../src/registry/pull.ts';
-import {
-  deleteSnapshotTag,
-  pushSnapshot,
-  readSnapshotIdentity,
-  SnapshotPushError,
-} from '../../src/registry/push.ts';
+import { pushSnapshot, SnapshotPushError } from '../../src/registry/push.ts';
 import { parseReference } from '../../src/registry/reference.ts';
 import { goConfigProblems } from './go-config-schema.ts';
 import { RegistryProxy } from './registry-proxy.ts';
@@ -345,6 +338,7 @@ describe("push to the ground's registry (real), checked with crane", () => {
       controllerUid: '',
       peerAddress: '', // the store stamps this host's peer server (peer restore)
       peerPin: '',
+      created: m.annotations['org.opencontainers.image.created'], // which state is newer
     });
     // The validated config blob comes along (what a peer restore checks the peer against).
     assert.equal(config.snapshotId, saved.id);

@@ -280,6 +280,24 @@ const RECOVERY: Readonly<Record<string, Entry>> = {
       ],
     }),
   },
+  SnapshotPushDeferred: {
+    decides: false,
+    advice: () => ({
+      meaning:
+        'the delete-time push did not land within the grace period (the registry failed or was too slow); the VM was saved as a local snapshot on its node and removed, and the daemon pushes the snapshot when the registry takes it (docs/registry.md, "Delete during a registry outage")',
+      steps: [
+        'Check the registry (OCI_REGISTRY) from the node; `vk-cocoon explain` run there shows the Deferred line (tries, last error); the push lands on its own once the registry answers',
+      ],
+    }),
+  },
+  SnapshotPushDropped: {
+    decides: false,
+    advice: () => ({
+      meaning:
+        'a deferred delete-time push was dropped because newer state of the same identity exists (the rule in the message: its local snapshot replaced, the identity running again, or a newer :latest or :hibernate in the registry); nothing was overwritten',
+      steps: ['Nothing to do: the newer state is the one kept'],
+    }),
+  },
   PostCloneExecAttemptFailed: {
     decides: false,
     advice: () => ({

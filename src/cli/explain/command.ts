@@ -5,14 +5,25 @@
 // apiserver or to cocoon, and it needs nothing from the node's daemon (which may be down).
 import { execFile } from 'node:child_process';
 import { accessSync, constants } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import type { CoreV1Event, CoreV1EventList, V1Node, V1Pod } from '@kubernetes/client-node';
+import { LEDGER_FILE } from '../../authority/ledger.ts';
 import { inspectArgv, snapshotInspectArgv } from '../../cocoon/argv.ts';
 import { formatJsonVerbError, isSnapshotNotFound, isVmNotFound } from '../../cocoon/errors.ts';
 import { parseSnapshotRecord, parseVmRecord } from '../../cocoon/records.ts';
+import { DEFAULT_STATE_DIR } from '../../config/env.ts';
 import { LIFECYCLE_STATE, VM_ID, VM_NAME } from '../../contract/annotations.ts';
 import { KubeConfigError, loadKubeConfig } from '../../kube/kubeconfig.ts';
 import { ApiError, RestClient } from '../../kube/rest.ts';
-import type { ExplainFacts, NodeFacts, SnapshotLookup, VmLookup } from './facts.ts';
+import type {
+  DeferredLookup,
+  DeferredPushFact,
+  ExplainFacts,
+  NodeFacts,
+  SnapshotLookup,
+  VmLookup,
+} from './facts.ts';
 import { renderJson, renderText } from './render.ts';
 import { explain } from './report.ts';
 
@@ -139,6 +150,39 @@ async function lookupSnapshot(bin: string, name: string): Promise<SnapshotLookup
   return { status: 'error', name, error: formatJsonVerbError({ code: r.code, signal: null }, r.stderr) };
 }
 
+/** The pod's deferred delete-time pushes from the provenance ledger of this host's daemon
+ * (read-only; `undefined` when this host has none: not the VM's host). */
+async function lookupDeferred(env: NodeJS.ProcessEnv, podKey: string): Promise<DeferredLookup | undefined> {
+  const path = join(env.VK_STATE_DIR || DEFAULT_STATE_DIR, LEDGER_FILE);
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT' || code === 'ENOTDIR') return undefined;
+    return {
+      status: 'error',
+      error: `${path}: ${(err as Error).message} (the ledger is mode 0600: run explain as its owner)`,
+    };
+  }
+  try {
+    const doc = JSON.parse(text) as { pushes?: Record<string, Partial<DeferredPushFact> & { pod?: string }> };
+    const pushes = Object.values(doc.pushes ?? {})
+      .filter((p) => p.pod === podKey)
+      .map((p) => ({
+        repo: String(p.repo ?? ''),
+        tag: String(p.tag ?? ''),
+        savedAt: String(p.savedAt ?? ''),
+        attempts: Number(p.attempts ?? 0),
+        lastError: String(p.lastError ?? ''),
+        lastAttemptAt: String(p.lastAttemptAt ?? ''),
+      }));
+    return { status: 'read', pushes };
+  } catch (err) {
+    return { status: 'error', error: `${path}: ${(err as Error).message}` };
+  }
+}
+
 /** Reads the facts of one pod. Throws KubeConfigError or the API error of the pod read. */
 export async function gatherFacts(args: ExplainArgs, env: NodeJS.ProcessEnv): Promise<ExplainFacts> {
   const access = loadKubeConfig(args.kubeconfig ?? env.KUBECONFIG, env);
@@ -176,6 +220,7 @@ export async function gatherFacts(args: ExplainArgs, env: NodeJS.ProcessEnv): Pr
         ),
       pod?.spec?.nodeName ? readNode(rest, pod.spec.nodeName) : Promise.resolve(undefined),
     ]);
+    const deferred = await lookupDeferred(env, `${args.namespace}/${args.name}`);
     let vm: VmLookup | undefined;
     let savedState: SnapshotLookup | undefined;
     if (pod) {
@@ -202,6 +247,7 @@ export async function gatherFacts(args: ExplainArgs, env: NodeJS.ProcessEnv): Pr
       node,
       vm,
       savedState,
+      deferred,
       now: new Date(),
     };
   } finally {

@@ -26,6 +26,21 @@ export interface NodeFacts {
   readonly message: string | undefined;
 }
 
+/** A delete-time push the VM's host deferred for this pod (its provenance ledger). */
+export interface DeferredPushFact {
+  readonly repo: string;
+  readonly tag: string;
+  readonly savedAt: string;
+  readonly attempts: number;
+  readonly lastError: string;
+  readonly lastAttemptAt: string;
+}
+
+/** What the ledger on this host says of the pod's deferred pushes (or why it was not read). */
+export type DeferredLookup =
+  | { readonly status: 'read'; readonly pushes: readonly DeferredPushFact[] }
+  | { readonly status: 'error'; readonly error: string };
+
 export interface ExplainFacts {
   readonly namespace: string;
   readonly name: string;
@@ -38,6 +53,8 @@ export interface ExplainFacts {
   readonly node?: NodeFacts | undefined;
   readonly vm?: VmLookup | undefined;
   readonly savedState?: SnapshotLookup | undefined;
+  /** undefined: no ledger on this host (not the VM's host). */
+  readonly deferred?: DeferredLookup | undefined;
   readonly now: Date;
 }
 
@@ -182,6 +199,9 @@ export interface ExplainReport {
   readonly otherEvents: number;
   readonly eventsError: string | null;
   readonly node: NodeFacts | null;
+  /** Delete-time pushes of this pod still waiting for the registry (the ledger on this host). */
+  readonly deferredPushes: readonly DeferredPushFact[];
+  readonly deferredError: string | null;
   /** What the contract prescribes for this state. */
   readonly recovery: { readonly meaning: string; readonly steps: readonly string[] };
 }

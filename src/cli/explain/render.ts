@@ -159,6 +159,17 @@ export function renderText(r: ExplainReport, now: Date): string {
     out.push(...field('VM', vmLine(r)));
     if (r.wake) out.push(...field('Last wake', wakeLine(r.wake)));
   }
+  for (const d of r.deferredPushes) {
+    const last = d.lastError ? `; last error: ${cut(oneLine(d.lastError), 160)}` : '';
+    out.push(
+      ...field(
+        'Deferred',
+        `${d.repo}:${d.tag} waits for the registry: saved ${clock(d.savedAt, now)}, ${d.attempts} failed tr${d.attempts === 1 ? 'y' : 'ies'}${last}`,
+      ),
+    );
+  }
+  if (r.deferredError)
+    out.push(...field('Deferred', `(the ledger could not be read: ${oneLine(r.deferredError)})`));
   const pc = r.postClone;
   if (pc.state || pc.hint || pc.errors.length > 0) {
     out.push(

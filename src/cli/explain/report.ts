@@ -89,6 +89,8 @@ export function explain(f: ExplainFacts): ExplainReport {
     otherEvents: others,
     eventsError: f.eventsError ?? null,
     node: f.node ?? null,
+    deferredPushes: f.deferred?.status === 'read' ? f.deferred.pushes : [],
+    deferredError: f.deferred?.status === 'error' ? f.deferred.error : null,
   };
   return { ...report, ...verdict(report, f, ctx) };
 }

@@ -198,14 +198,15 @@ export function verdict(r: ReportBody, f: ExplainFacts, ctx: AdviceContext): Ver
       };
     }
     case 'not-found': {
-      const meaning = `no pod ${r.pod.namespace}/${r.pod.name}${r.events.length > 0 ? '; the events of a pod of that name are listed' : ''}`;
-      return {
-        headline: `not found: ${meaning}`,
-        recovery: {
-          meaning,
-          steps: ['Check the namespace and the name (`kubectl get pods -n <namespace>`)'],
-        },
-      };
+      const pending = r.deferredPushes.map((d) => `${d.repo}:${d.tag}`);
+      const meaning = `no pod ${r.pod.namespace}/${r.pod.name}${r.events.length > 0 ? '; the events of a pod of that name are listed' : ''}${pending.length > 0 ? `; its delete-time snapshot ${pending.join(', ')} waits for the registry` : ''}`;
+      const steps =
+        pending.length > 0
+          ? [
+              'The state is kept on this node as a local snapshot and pushed when the registry answers: check the registry (OCI_REGISTRY) and the Deferred line above; never remove the local snapshot by hand while it waits (docs/registry.md, "Delete during a registry outage")',
+            ]
+          : ['Check the namespace and the name (`kubectl get pods -n <namespace>`)'];
+      return { headline: `not found: ${meaning}`, recovery: { meaning, steps } };
     }
   }
 }

@@ -4,12 +4,13 @@
 import { ArgvError, cloneArgv, imagePullArgv, inspectArgv, removeArgv, runArgv } from '../../cocoon/argv.ts';
 import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
+import { inspectSnapshot } from '../../cocoon/snapshots.ts';
 import { STORAGE } from '../../contract/annotations.ts';
 import { guestProfile } from '../../guest/profiles.ts';
 import { restoreModeFor } from '../../guest/restore-mode.ts';
 import { recordFootprint } from '../../lifecycle/admission.ts';
 import type { Logger } from '../../log.ts';
-import { inspectSnapshot, SnapshotPullError } from '../../registry/pull.ts';
+import { SnapshotPullError } from '../../registry/pull.ts';
 import { pause, untilAborted } from '../../util/deadline.ts';
 import { currentOpSignal } from '../../util/op-signal.ts';
 import { Singleflight } from '../../util/singleflight.ts';

@@ -14,7 +14,7 @@ import type { AdmissionReason, Allocatable, Footprint } from '../../lifecycle/ad
 import type { Logger } from '../../log.ts';
 import type { LeaseFile } from '../../net/leases.ts';
 import type { PodStatusSink } from '../../pods/ports.ts';
-import type { SnapshotConfig } from '../../registry/artifact.ts';
+import type { SnapshotConfig } from '../../registry/artifact-config.ts';
 import type { KeyedQueue } from '../../util/keyed-queue.ts';
 import type { Singleflight } from '../../util/singleflight.ts';
 import { decodeVMSpec } from '../../vmspec/decode.ts';
@@ -23,7 +23,7 @@ import type { ProbeAgent } from './probe-agent.ts';
 import type { PodRecord } from './state.ts';
 
 /** Pulls a clone-source snapshot from the registry into its local name (docs/registry.md "Pull flow"),
- * de-duplicated per local name; `src/registry/pull.ts` implements it. */
+ * de-duplicated per local name; `src/registry/snapshot-puller.ts` implements it. */
 export interface SnapshotPuller {
   ensure(image: string, opts: { log?: Logger; signal?: AbortSignal }): Promise<unknown>;
 }
@@ -56,6 +56,8 @@ export interface SnapshotIdentity {
   readonly namespace?: string;
   /** The pushing pod's controller UID (`vm.cocoonstack.io/controller-uid`); `''` when absent. */
   readonly controllerUid?: string;
+  /** `org.opencontainers.image.created` (RFC 3339); `''` or absent when the manifest has none. */
+  readonly created?: string;
   /** The validated config blob (a peer restore's identity check and `snapshot.json`). */
   readonly config?: SnapshotConfig;
   /** Where the pushing host serves it (`ip:port`) and its certificate pin; `''`: a Go pusher. */
@@ -156,6 +158,8 @@ export interface ProviderContext extends ProviderDeps {
   reconcileSoon: (key: string) => void;
   /** Starts (or restarts) the probe of a pod with a VM (`ready`: from a ready probe). */
   startProbe: (rec: PodRecord, opts?: { ready?: boolean }) => void;
+  /** A delete-time push was deferred (deferred-push.ts): schedules its first try. */
+  pushDeferred: (name: string) => void;
   /** Starts a new bring-up of a record whose transient create failure is due for a retry. */
   retryCreate: (rec: PodRecord) => void;
   /** When startup reconcile finished (t0 lower bound of the ready deadline), monotonic ms. */

@@ -1,6 +1,6 @@
 // Local snapshot GC (docs/contracts/pod-to-vm.md "Snapshot CPU-class gate and local snapshot GC"; docs/decisions.md
 // "Snapshot GC and the CPU-class gate"): once at start and every 10 min, only with a registry,
-// the local snapshots named `vk-*` (VM names: hibernate copies) that no tracked pod uses and
+// the local snapshots named `vk-*` (VM names: hibernate copies) that no tracked pod uses (nor a deferred push) and
 // that are stale against the registry's `<name>:hibernate` (tag gone, or another snapshot ID)
 // are removed, and so are `<vmName>-hibernate-import` leftovers of a wake that is no longer in
 // flight. A registry that does not answer keeps everything it was asked about. The selection is
@@ -100,7 +100,13 @@ export async function runSnapshotGc(ctx: ProviderContext): Promise<GcResult | un
     log.warn({ err: errText(err) }, 'snapshot GC: cannot list local snapshots; nothing removed');
     return undefined;
   }
-  const all = planGc(local, usedSnapshots(ctx.pods.values()));
+  // A deferred delete-time push's local snapshot is kept until it is pushed (deferred-push.ts).
+  const inUse = () => {
+    const used = usedSnapshots(ctx.pods.values());
+    for (const p of ctx.ledger.pendingPushes()) used.add(p.name);
+    return used;
+  };
+  const all = planGc(local, inUse());
   // Only what vk-cocoon wrote is collected (docs/security.md): a `vk-*` snapshot the ledger
   // does not list (a base image, a host's) is never removed.
   const written = (name: string) => {
@@ -111,7 +117,7 @@ export async function runSnapshotGc(ctx: ProviderContext): Promise<GcResult | un
   const result: GcResult = { removed: [], current: [], used: [...plan.used], errors: [] };
   // Right before a removal the tracked pods are read again: a pod claimed (or a wake started)
   // since the plan keeps what it uses.
-  const stillUnused = (name: string) => !usedSnapshots(ctx.pods.values()).has(name);
+  const stillUnused = (name: string) => !inUse().has(name);
   const remove = async (name: string, why: string) => {
     if (!stillUnused(name)) {
       result.used.push(name);

@@ -2,6 +2,7 @@
 // adapter onto the prom-client registry of src/metrics, and `noMetrics` for tests that do
 // not look at metrics.
 import type {
+  DeferredPushResult,
   HibernateEvidenceVerdict,
   HibernatePhase,
   LifecycleOp,
@@ -30,6 +31,9 @@ export interface LifecycleMetrics {
   wake(result: Outcome): void;
   snapshotSave(namespace: string, result: Outcome, seconds: number): void;
   snapshotPush(namespace: string, result: Outcome, seconds: number): void;
+  /** A deferred delete-time push changed (`deferred`, `pushed`, `dropped`, a `failed` try);
+   * `pending`: how many the ledger holds now. */
+  deferredPush(result: DeferredPushResult, pending: number): void;
   snapshotVerify(result: VerifyResult): void;
   hibernateEvidence(verdict: HibernateEvidenceVerdict): void;
   cloneFromDir(result: Outcome): void;
@@ -58,6 +62,7 @@ export const noMetrics: LifecycleMetrics = {
   wake: () => {},
   snapshotSave: () => {},
   snapshotPush: () => {},
+  deferredPush: () => {},
   snapshotVerify: () => {},
   hibernateEvidence: () => {},
   cloneFromDir: () => {},
@@ -93,6 +98,10 @@ export function lifecycleMetrics(m: Metrics): LifecycleMetrics {
     snapshotPush: (namespace, result, seconds) => {
       m.snapshotPush.inc({ result });
       m.snapshotPushDuration.observe({ namespace }, seconds);
+    },
+    deferredPush: (result, pending) => {
+      m.deferredPush.inc({ result });
+      m.deferredPushesPending.set(pending);
     },
     snapshotVerify: (result) => m.snapshotVerify.inc({ result }),
     hibernateEvidence: (verdict) => m.hibernateEvidence.inc({ verdict }),

@@ -19,6 +19,7 @@ import { Singleflight } from '../../util/singleflight.ts';
 import { VmAccess } from './access.ts';
 import { admission, reject } from './admit.ts';
 import type { ProviderContext, ProviderDeps } from './context.ts';
+import { DeferredPushes } from './deferred-push.ts';
 import { type GcResult, SnapshotGc } from './gc.ts';
 import { Loops } from './loops.ts';
 import { abortBringUp } from './ops/abort.ts';
@@ -37,6 +38,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
   readonly #loops: Loops;
   readonly #access: VmAccess;
   readonly #gc: SnapshotGc;
+  readonly #deferred: DeferredPushes;
 
   constructor(deps: CocoonProviderOptions) {
     // Issue 9: every operation of a pod (and the jobs, timers and calls it starts) runs under
@@ -57,6 +59,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
       }),
       reconcileSoon: (key) => this.#loops.reconcileSoon(key),
       startProbe: (rec, opts) => this.#loops.startProbe(rec, opts),
+      pushDeferred: (name) => this.#deferred.deferred(name),
       retryCreate: (rec) => startBringUp(ctx, rec),
       startupDoneAt: monoNow(),
       orphansByName: new Map(),
@@ -75,6 +78,7 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     this.#loops = new Loops(ctx);
     this.#access = new VmAccess(ctx);
     this.#gc = new SnapshotGc(ctx);
+    this.#deferred = new DeferredPushes(ctx);
   }
 
   // ---- PodLifecycleHandler -------------------------------------------------------------
@@ -159,16 +163,24 @@ export class CocoonProvider implements PodLifecycleHandler, ContainerAccess, Nod
     return startupReconcile(this.#ctx, pods);
   }
 
-  /** Starts the lifecycle tick, the lease-file watch and (with a registry) the local snapshot
-   * GC, which runs once now and every 10 min. Call after startup reconcile. */
+  /** Starts the lifecycle tick, the lease-file watch, the deferred delete-time pushes (every
+   * pending one tried now) and (with a registry) the local snapshot GC, which runs once now
+   * and every 10 min. Call after startup reconcile. */
   startLoops(): void {
     this.#loops.start();
+    this.#deferred.start();
     this.#gc.start();
   }
 
   stopLoops(): void {
     this.#loops.stop();
+    this.#deferred.stop();
     this.#gc.stop();
+  }
+
+  /** Tries every deferred delete-time push now (tests; the schedule retries them). */
+  deferredPushesNow(): Promise<void> {
+    return this.#deferred.runNow();
   }
 
   /** One local snapshot GC pass now (tests; the schedule runs it at start and every 10 min). */

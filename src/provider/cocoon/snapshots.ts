@@ -4,22 +4,18 @@
 // call (docs/decisions.md, "Hibernate and wake").
 import type { LedgerPod } from '../../authority/ledger.ts';
 import type { Owner } from '../../authority/owner.ts';
-import { snapshotListArgv, snapshotRemoveArgv, snapshotSaveArgv } from '../../cocoon/argv.ts';
+import { snapshotListArgv, snapshotSaveArgv } from '../../cocoon/argv.ts';
 import { snapshotHolder } from '../../cocoon/errors.ts';
 import { parseSnapshotList, type SnapshotRecord } from '../../cocoon/records.ts';
 import { CocoonCommandError } from '../../cocoon/runner.ts';
+import { inspectSnapshot, removeSnapshot as removeCocoonSnapshot } from '../../cocoon/snapshots.ts';
 import type { Logger } from '../../log.ts';
-import { inspectSnapshot } from '../../registry/pull.ts';
-import { pause } from '../../util/deadline.ts';
 import { checkSnapshotWrite, enforce } from './authority.ts';
 import type { ProviderContext } from './context.ts';
 
 /** A save writes the VM's memory and disk: generous, but bounded. */
 export const SAVE_TIMEOUT_MS = 10 * 60_000;
 const REMOVE_TIMEOUT_MS = 10_000;
-/** A leased snapshot (an export or clone reads it) is retried this long, 500 ms apart. */
-const LEASED_RETRY_MS = 30_000;
-const LEASED_RETRY_EVERY_MS = 500;
 
 /** Records every local snapshot name (startup) and returns the list. A failure leaves the
  * index empty (`undefined`): a stale `fork-<vmName>` is then left in place (a warning says
@@ -76,25 +72,19 @@ export async function saveSnapshot(
   await ctx.ledger.confirm('snapshot', name, saved?.id ?? '', opts.owner, opts.pod);
 }
 
-/** `snapshot rm <ref>`: not found is success; `is in use by an active …` is retried for up to
- * 30 s. Other failures throw. */
+/** `snapshot rm <ref>` (src/cocoon/snapshots.ts: not found is success; `is in use by an
+ * active …` is retried for up to 30 s), then the name leaves the index and the ledger. Other
+ * failures throw. */
 export async function removeSnapshot(
   ctx: ProviderContext,
   ref: string,
   opts: { signal?: AbortSignal; leasedRetryMs?: number } = {},
 ): Promise<void> {
-  const until = performance.now() + (opts.leasedRetryMs ?? LEASED_RETRY_MS);
-  for (;;) {
-    try {
-      await ctx.cli.run(snapshotRemoveArgv(ref), { timeoutMs: REMOVE_TIMEOUT_MS, signal: opts.signal });
-      break;
-    } catch (err) {
-      if (err instanceof CocoonCommandError && err.errorClass === 'snapshot_not_found') break;
-      const leased = err instanceof CocoonCommandError && err.errorClass === 'snapshot_leased';
-      if (!leased || performance.now() >= until) throw err;
-      await pause(LEASED_RETRY_EVERY_MS, opts.signal ?? ctx.lifetime);
-    }
-  }
+  await removeCocoonSnapshot(ctx.cli, ref, {
+    signal: opts.signal,
+    leasedRetryMs: opts.leasedRetryMs,
+    timeoutMs: REMOVE_TIMEOUT_MS,
+  });
   ctx.localSnapshots.delete(ref);
   await ctx.ledger.forget('snapshot', ref);
 }

@@ -110,4 +110,50 @@ describe('Ledger', () => {
     await assert.rejects(open(path), /is not JSON/);
     assert.equal(readFileSync(path, 'utf8'), 'not json', 'never overwritten');
   });
+
+  it('a deferred push is durable, counts its failed tries, and is dropped with its local snapshot', async () => {
+    const path = fresh();
+    const l = await open(path);
+    const push = {
+      name: 'vk-a',
+      repo: 'vk-a',
+      tag: 'latest',
+      snapshotId: 'S1',
+      baseImage: 'acme/agent',
+      owner: A,
+      pod: 'a/p',
+      podUid: 'u1',
+      savedAt: '2026-12-01T10:00:00.000Z',
+      keep: false,
+      lastError: 'push vk-a:latest: connect ECONNREFUSED',
+    };
+    await l.deferPush(push);
+    await l.pushFailed('vk-a', 'still down');
+    const again = await open(path);
+    assert.deepEqual(
+      again.pendingPushes().map((p) => [p.name, p.attempts, p.lastError, p.owner.namespace]),
+      [['vk-a', 1, 'still down', 'a']],
+    );
+    assert.equal(again.size().pushes, 1);
+    // Startup: kept while its local snapshot is listed, dropped once it is gone.
+    await again.reconcile([], [{ name: 'vk-a', id: 'S1' } as never]);
+    assert.equal(again.pendingPush('vk-a')?.attempts, 1);
+    await again.reconcile([], undefined);
+    assert.equal(again.size().pushes, 1, 'a failed snapshot list keeps it');
+    await again.reconcile([], []);
+    assert.equal(again.pendingPush('vk-a'), undefined);
+    await again.deferPush(push);
+    await again.endPush('vk-a');
+    assert.equal((await open(path)).size().pushes, 0);
+  });
+
+  it('a file written before deferred pushes existed reads as none pending', async () => {
+    const path = fresh();
+    const l = await open(path);
+    await l.intend('vm', 'vk-a', A, pod);
+    const doc = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+    delete doc.pushes;
+    writeFileSync(path, JSON.stringify(doc));
+    assert.deepEqual((await open(path)).pendingPushes(), []);
+  });
 });

@@ -12,6 +12,7 @@ import {
   mayClaimName,
   mayCloneRegistrySource,
   mayOverwriteTag,
+  mayPushDeferred,
   mayRemove,
   mayRestoreState,
   mayUseLocalSource,
@@ -210,5 +211,52 @@ describe('row 9: overwrite a registry tag', () => {
     assert.ok(mayOverwriteTag(A, 'vk-a', 'hibernate', goState, true).ok);
     refused(mayOverwriteTag(A, 'vk-a', 'hibernate', goState, false), 'tag-unstamped');
     refused(mayOverwriteTag({ ...A, vmName: 'golden' }, 'golden', 'latest', base, true), 'tag-unstamped');
+  });
+});
+
+describe('row 10: a deferred delete-time push', () => {
+  const SAVED = '2026-12-01T10:00:00.000Z';
+  const push = { name: 'vk-a', repo: 'vk-a', tag: 'latest', snapshotId: 'S1', owner: A, savedAt: SAVED };
+  const ours = (created: string) => ({ namespace: 'a', controllerUid: 'set-1', fromNode: 'n1', created });
+  const facts = (extra: Partial<Parameters<typeof mayPushDeferred>[1]> = {}) => ({
+    snapshot: entry(A, { id: 'S1' }),
+    vm: undefined,
+    target: 'absent' as const,
+    hibernate: 'absent' as const,
+    acceptUnstamped: false,
+    ...extra,
+  });
+  it('pushes its own saved state when nothing newer exists', () => {
+    assert.equal(mayPushDeferred(push, facts()).ok, true);
+    // An older tag of the identity is overwritten; so is an older hibernate beside it.
+    const older = ours('2026-12-01T09:00:00Z');
+    assert.equal(mayPushDeferred(push, facts({ target: older, hibernate: older })).ok, true);
+    // Another identity's hibernate of that repo is no evidence about this one.
+    const theirs = { namespace: 'b', controllerUid: '', fromNode: 'n2', created: '2026-12-02T00:00:00Z' };
+    assert.equal(mayPushDeferred(push, facts({ hibernate: theirs })).ok, true);
+  });
+  it('is superseded when the local snapshot is gone, replaced or another identity`s', () => {
+    refused(mayPushDeferred(push, facts({ snapshot: undefined })), 'push-superseded');
+    refused(mayPushDeferred(push, facts({ snapshot: entry(A, { id: 'S2' }) })), 'push-superseded');
+    refused(mayPushDeferred(push, facts({ snapshot: entry(B, { id: 'S1' }) })), 'push-superseded');
+  });
+  it('is dropped when the identity runs again on this host in a VM made after the save', () => {
+    refused(
+      mayPushDeferred(push, facts({ vm: entry(A, { at: '2026-12-01T10:05:00.000Z' }) })),
+      'push-recreated',
+    );
+    // The VM the save was made from (older than the save) does not count.
+    assert.equal(mayPushDeferred(push, facts({ vm: entry(A, { at: '2026-12-01T09:59:00.000Z' }) })).ok, true);
+  });
+  it('never overwrites another identity`s tag', () => {
+    const theirs = { namespace: 'b', controllerUid: '', fromNode: 'n2', created: '2026-12-01T09:00:00Z' };
+    refused(mayPushDeferred(push, facts({ target: theirs })), 'tag-foreign');
+  });
+  it('is dropped when a tag of the identity was written after the save, or cannot be dated', () => {
+    refused(mayPushDeferred(push, facts({ target: ours('2026-12-01T10:00:01Z') })), 'push-newer-state');
+    refused(mayPushDeferred(push, facts({ hibernate: ours('2026-12-01T11:00:00Z') })), 'push-newer-state');
+    const v = mayPushDeferred(push, facts({ target: ours('') }));
+    refused(v, 'push-newer-state');
+    assert.match((v as { message: string }).message, /undated/);
   });
 });

@@ -493,3 +493,43 @@ test('the last wake: its source from the Woken event (peer, registry or the veri
   assert.equal(none.wake, null);
   assert.doesNotMatch(renderText(none, NOW), /Last wake/);
 });
+
+test('a deleted pod whose delete-time push waits for the registry: the Deferred line and what to do', () => {
+  const events = [
+    event(
+      'SnapshotPushDeferred',
+      'delete: vk-db-0:latest push deferred (push vk-db-0:latest: connect ECONNREFUSED); the state is kept as local snapshot vk-db-0 and pushed when the registry takes it',
+    ),
+  ];
+  const deferred = {
+    status: 'read' as const,
+    pushes: [
+      {
+        repo: 'vk-db-0',
+        tag: 'latest',
+        savedAt: '2026-03-01T12:00:01.000Z',
+        attempts: 2,
+        lastError: 'push vk-db-0:latest: connect ECONNREFUSED',
+        lastAttemptAt: '2026-03-01T12:00:20.000Z',
+      },
+    ],
+  };
+  const f = facts(undefined, events, { name: 'db-0', deferred });
+  const r = json(f);
+  assert.equal(r.kind, 'not-found');
+  assert.match(r.headline, /its delete-time snapshot vk-db-0:latest waits for the registry$/);
+  assert.equal(r.deferredPushes[0]?.attempts, 2);
+  assert.match(r.recovery.steps[0] ?? '', /never remove the local snapshot by hand/);
+  const text = renderText(explain(f), NOW);
+  assert.match(
+    text,
+    /\nDeferred {3}vk-db-0:latest waits for the registry: saved 12:00:01, 2 failed tries; last error: push vk-db-0:latest:\n {11}connect ECONNREFUSED\n/,
+  );
+  // An unreadable ledger is said, never silently left out.
+  const denied = renderText(
+    explain(facts(undefined, [], { deferred: { status: 'error', error: 'EACCES: permission denied' } })),
+    NOW,
+  );
+  assert.match(denied, /Deferred {3}\(the ledger could not be read: EACCES: permission denied\)/);
+  assert.equal(json(facts(undefined, [])).deferredPushes.length, 0);
+});

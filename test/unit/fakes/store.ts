@@ -35,9 +35,23 @@ export class FakeStore implements SnapshotStore {
     baseImage: string;
     fromNode?: string;
     namespace?: string;
+    controllerUid?: string;
+    signal?: AbortSignal;
   }): Promise<{ digest: string; snapshotId: string; bytes: number }> {
     this.#check(`push ${args.repo}:${args.tag}`);
-    if (this.hold) await this.hold;
+    if (this.hold) {
+      // A held push ends when released or when its signal aborts, as the real one does.
+      const signal = args.signal;
+      await (signal
+        ? Promise.race([
+            this.hold,
+            new Promise<never>((_, reject) => {
+              if (signal.aborted) reject(signal.reason);
+              signal.addEventListener('abort', () => reject(signal.reason), { once: true });
+            }),
+          ])
+        : this.hold);
+    }
     if (this.down) throw new Error(`push ${args.repo}:${args.tag}: connect ECONNREFUSED 127.0.0.1:5000`);
     if (this.refusePush)
       throw new Error(`push ${args.repo}:${args.tag}: manifest PUT refused: 400 MANIFEST_INVALID`);
@@ -49,6 +63,8 @@ export class FakeStore implements SnapshotStore {
       baseImage: args.baseImage,
       fromNode: args.fromNode ?? '',
       namespace: args.namespace ?? '',
+      controllerUid: args.controllerUid ?? '',
+      created: new Date().toISOString(),
     };
     this.tags.set(`${args.repo}:${args.tag}`, id);
     return { digest: id.digest, snapshotId: id.snapshotId, bytes: 1024 };

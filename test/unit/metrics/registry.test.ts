@@ -21,6 +21,9 @@ const SPEC: ReadonlyArray<readonly [string, Type, readonly string[]]> = [
   ['cocoon_vk_snapshot_pull_total', 'counter', ['result']],
   ['cocoon_vk_snapshot_save_total', 'counter', ['result']],
   ['cocoon_vk_snapshot_push_total', 'counter', ['result']],
+  // Beyond §11: the delete-time pushes deferred past a registry outage (docs/registry.md).
+  ['cocoon_vk_snapshot_deferred_push_total', 'counter', ['result']],
+  ['cocoon_vk_snapshot_deferred_pushes', 'gauge', []],
   ['cocoon_vk_snapshot_verify_total', 'counter', ['result']],
   ['cocoon_vk_snapshot_peer_restore_total', 'counter', ['result']],
   ['cocoon_vk_clone_from_dir_total', 'counter', ['result']],
@@ -72,6 +75,8 @@ function touchAll(m: Metrics): void {
   m.snapshotPull.inc({ result: 'ok' });
   m.snapshotSave.inc({ result: 'ok' });
   m.snapshotPush.inc({ result: 'failed' });
+  m.deferredPush.inc({ result: 'deferred' });
+  m.deferredPushesPending.set(1);
   m.snapshotVerify.inc({ result: 'stale' });
   m.snapshotPeerRestore.inc({ result: 'ok' });
   m.cloneFromDir.inc({ result: 'ok' });

@@ -13,7 +13,7 @@ import {
   type PeerServerOptions,
 } from '../../../src/peer/server.ts';
 import { certSha256 } from '../../../src/peer/transport.ts';
-import type { SnapshotConfig } from '../../../src/registry/artifact.ts';
+import type { SnapshotConfig } from '../../../src/registry/artifact-config.ts';
 import { issue, makeCa, type Pair } from '../fakes/pki.ts';
 
 export function snapshotConfig(snapshotId: string, extra: Partial<SnapshotConfig> = {}): SnapshotConfig {

@@ -8,7 +8,7 @@ import { afterEach, describe, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import type { PeerRestorer, PeerStaged } from '../../../src/provider/cocoon/context.ts';
 import { type LifecycleMetrics, noMetrics } from '../../../src/provider/cocoon/metrics.ts';
-import type { SnapshotConfig } from '../../../src/registry/artifact.ts';
+import type { SnapshotConfig } from '../../../src/registry/artifact-config.ts';
 import { FakeStore } from '../fakes/store.ts';
 import { clonePod, type Harness, harness, until, withAnnotations } from './harness.ts';
 

@@ -4,9 +4,9 @@ import { describe, it } from 'node:test';
 import {
   MEDIA_TYPE,
   parseManifestDocument,
-  parseSnapshotConfig,
   validateSnapshotManifest,
 } from '../../../src/registry/artifact.ts';
+import { parseSnapshotConfig } from '../../../src/registry/artifact-config.ts';
 import {
   buildSnapshotManifest,
   checkCallerAnnotations,

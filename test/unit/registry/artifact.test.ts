@@ -8,11 +8,10 @@ import {
   MAX_CONFIG_BYTES,
   MEDIA_TYPE,
   parseManifestDocument,
-  parseSnapshotConfig,
   selectIndexChild,
-  snapshotEnvelope,
   validateSnapshotManifest,
 } from '../../../src/registry/artifact.ts';
+import { parseSnapshotConfig, snapshotEnvelope } from '../../../src/registry/artifact-config.ts';
 import { d, doc, exampleConfig, exampleManifest, expectInvalid, snapshot } from './artifact-fixtures.ts';
 
 describe('media types (registry.md §3, §4.1)', () => {

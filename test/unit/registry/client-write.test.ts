@@ -10,15 +10,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
 import { after, before, beforeEach, describe, it } from 'node:test';
-import {
-  BUSY_ATTEMPTS,
-  busyWaitMs,
-  RegistryClient,
-  RegistryError,
-  type StreamedBlob,
-} from '../../../src/registry/client.ts';
+import type { StreamedBlob } from '../../../src/registry/blob-upload.ts';
+import { RegistryClient } from '../../../src/registry/client.ts';
 import type { CredentialSource } from '../../../src/registry/credentials.ts';
+import { RegistryError } from '../../../src/registry/errors.ts';
 import { parseReference } from '../../../src/registry/reference.ts';
+import { BUSY_ATTEMPTS, busyWaitMs } from '../../../src/registry/transport.ts';
 import { Fake, sha } from './fake-registry.ts';
 
 describe('RegistryClient write verbs (fake registry)', () => {

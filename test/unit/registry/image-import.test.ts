@@ -14,7 +14,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { CocoonCli } from '../../../src/cocoon/runner.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { type Descriptor, type ManifestDocument, MEDIA_TYPE } from '../../../src/registry/artifact.ts';
-import { RegistryError } from '../../../src/registry/client.ts';
+import { RegistryError } from '../../../src/registry/errors.ts';
 import {
   type CloudImageArtifact,
   importCloudImage,

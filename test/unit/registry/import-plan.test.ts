@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import fc from 'fast-check';
-import { MEDIA_TYPE, parseSnapshotConfig } from '../../../src/registry/artifact.ts';
+import { MEDIA_TYPE } from '../../../src/registry/artifact.ts';
+import { parseSnapshotConfig } from '../../../src/registry/artifact-config.ts';
 import { nextReadAhead, planTarEntries } from '../../../src/registry/import-plan.ts';
 import { d, exampleConfig, snapshot } from './artifact-fixtures.ts';
 

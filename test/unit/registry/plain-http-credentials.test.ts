@@ -9,7 +9,8 @@ import { networkInterfaces } from 'node:os';
 import { after, describe, test } from 'node:test';
 import { silentLogger } from '../../../src/log.ts';
 import { plainHttpCredentialRefusal } from '../../../src/registry/auth.ts';
-import { RegistryClient, RegistryError } from '../../../src/registry/client.ts';
+import { RegistryClient } from '../../../src/registry/client.ts';
+import { RegistryError } from '../../../src/registry/errors.ts';
 
 describe('plainHttpCredentialRefusal', () => {
   test('plain HTTP to a non-loopback host is refused, naming the host and the rule', () => {

@@ -1,4 +1,4 @@
-// The pull's read-ahead buffer (src/registry/pull.ts SpillBlob, docs/registry.md "Pull flow"
+// The pull's read-ahead buffer (src/registry/read-ahead.ts SpillBlob, docs/registry.md "Pull flow"
 // step 5): a small window in memory, older bytes spilled to a file while the blob waits for its
 // turn, no spilling (backpressure instead) once the tar writer reads it, bytes always in order,
 // and the spill file removed however it ends.
@@ -8,7 +8,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { SpillBlob } from '../../../src/registry/pull.ts';
+import { SpillBlob } from '../../../src/registry/read-ahead.ts';
 
 const KiB = 1024;
 

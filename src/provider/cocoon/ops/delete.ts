@@ -7,23 +7,18 @@ import { entryOwns, mayRemove } from '../../../authority/rules.ts';
 import { removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
-import {
-  EVENT_MESSAGE_MAX_BYTES,
-  KEEP_SNAPSHOT_ON_DELETE,
-  SNAPSHOT_POLICY,
-} from '../../../contract/annotations.ts';
+import { KEEP_SNAPSHOT_ON_DELETE } from '../../../contract/annotations.ts';
 import type { Logger } from '../../../log.ts';
 import { releaseLease } from '../../../net/release.ts';
 import { NotFoundError } from '../../../pods/ports.ts';
-import { truncateUtf8 } from '../../../util/text.ts';
-import type { VMSpec } from '../../../vmspec/decode.ts';
-import { AuthorityError, checkPush, mayDropSnapshot, ownerOfRec, podRef, pushStamps } from '../authority.ts';
+import { mayDropSnapshot, ownerOfRec } from '../authority.ts';
 import { inspectVm } from '../bringup.ts';
 import { holderOfName } from '../claims.ts';
 import { logFor, type ProviderContext } from '../context.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
-import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
+import { dropSnapshot } from '../snapshots.ts';
 import { markDeleted, type PodRecord, setDeleting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
+import { SnapshotKeptVm, snapshotBeforeDelete } from './delete-snapshot.ts';
 import { evictedByTaint, keepEvictedVm } from './evicted.ts';
 import { cancelRetry } from './failure.ts';
 import { reconcileOnce } from './stale.ts';
@@ -74,7 +69,8 @@ export async function deletePod(
   }
   setDeleting(rec, true);
   try {
-    await snapshotBeforeDelete(ctx, rec, vm, log);
+    // Deferred: the local `<vmName>` holds the state until its push lands (deferred-push.ts).
+    const pushed = await snapshotBeforeDelete(ctx, rec, pod, vm, keep, log);
     try {
       await ctx.cli.run(removeArgv(vm.id), { timeoutMs: 60_000 });
     } catch (err) {
@@ -85,7 +81,7 @@ export async function deletePod(
     await ctx.ledger.forget('vm', vm.name);
     // Lease release only after a confirmed removal.
     await releaseLeases(ctx, vm);
-    if (!keep && vm.name) await dropOwnSnapshots(ctx, rec, vm.name, log);
+    if (!keep && vm.name) await dropOwnSnapshots(ctx, rec, vm.name, log, pushed === 'deferred');
   } catch (err) {
     setDeleting(rec, false);
     ctx.metrics.podLifecycle('delete', 'failed', err instanceof SnapshotKeptVm ? 'snapshot' : 'remove');
@@ -97,8 +93,6 @@ export async function deletePod(
   ctx.metrics.podLifecycle('delete', 'ok', '');
   log.info({ vmId: vm.id }, 'VM removed');
 }
-
-class SnapshotKeptVm extends Error {}
 
 /** After an aborted bring-up (ops/abort.ts): the VM under the pod's name that no other pod
  * holds is what the bring-up made (it ran under this pod's claim of the name). A `creating`
@@ -141,104 +135,21 @@ async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger)
   log.info({ vmId: left.id, state: left.state }, 'removed the VM an aborted bring-up left');
 }
 
-/** `<vmName>` and `fork-<vmName>`, each only when the ledger gives it to this pod's identity
+/** `<vmName>` (unless its deferred push still needs it) and `fork-<vmName>`, each only when the ledger gives it to this pod's identity
  * (a base image or another tenant's snapshot of that name is never removed). */
 async function dropOwnSnapshots(
   ctx: ProviderContext,
   rec: PodRecord,
   vmName: string,
   log: Logger,
+  keepState = false,
 ): Promise<void> {
   const owner = ownerOfRec(rec, vmName);
-  for (const name of [vmName, `fork-${vmName}`]) {
+  for (const name of keepState ? [`fork-${vmName}`] : [vmName, `fork-${vmName}`]) {
     if (mayDropSnapshot(ctx, owner, name)) await dropSnapshot(ctx, name, log);
     else if (ctx.localSnapshots.has(name))
       log.info({ snapshot: name }, 'local snapshot not written for this identity; kept');
   }
-}
-
-/** The delete-time snapshot (docs/contracts/pod-to-vm.md, "Delete with a snapshot policy"):
- * with a registry, a running VM whose policy asks for it is saved and pushed to
- * `<vmName>:latest` before it is removed; any failure keeps the VM and the pod Terminating
- * (retried). Without a registry an explicit policy is reported, never silently dropped. */
-async function snapshotBeforeDelete(
-  ctx: ProviderContext,
-  rec: PodRecord,
-  vm: VmRecord,
-  log: Logger,
-): Promise<void> {
-  const spec = rec.spec;
-  if (!spec?.managed || !shouldSnapshot(spec)) return;
-  if (!ctx.store) {
-    if (rec.pod.metadata?.annotations?.[SNAPSHOT_POLICY] === undefined) return;
-    const message = `delete: snapshot-policy ${spec.snapshotPolicy}: no registry is configured (OCI_REGISTRY); VM ${vm.name} is removed without a :latest snapshot`;
-    ctx.events.event(rec.pod, 'Warning', 'SnapshotPolicyNoRegistry', message);
-    log.warn({ policy: spec.snapshotPolicy }, message);
-    return;
-  }
-  const ns = rec.pod.metadata?.namespace ?? '';
-  const fail = (what: string, err: unknown) =>
-    new SnapshotKeptVm(
-      `kept VM ${vm.id}: delete-time snapshot: ${what}: ${err instanceof Error ? err.message : String(err)}`,
-    );
-  let live: VmRecord | undefined;
-  try {
-    live = await inspectVm(ctx, vm.id);
-  } catch (err) {
-    throw fail('inspect', err);
-  }
-  if (live?.state !== 'running') return; // a stopped or vanished VM is not snapshotted
-  const started = performance.now();
-  try {
-    await saveSnapshot(ctx, spec.vmName, vm.id, { log, owner: ownerOfRec(rec), pod: podRef(rec) });
-    ctx.metrics.snapshotSave(ns, 'ok', (performance.now() - started) / 1000);
-  } catch (err) {
-    ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
-    if (err instanceof AuthorityError) return refused(ctx, rec, `snapshot ${spec.vmName}`, err.message, log);
-    throw fail('snapshot save', err);
-  }
-  const pushed = performance.now();
-  let verdict: Awaited<ReturnType<typeof checkPush>>;
-  try {
-    verdict = await checkPush(ctx, rec, spec.vmName, 'latest');
-  } catch (err) {
-    throw fail(`read ${spec.vmName}:latest`, err);
-  }
-  if (!verdict.ok) return refused(ctx, rec, `${spec.vmName}:latest`, verdict.message, log);
-  try {
-    const r = await ctx.store.push({
-      localName: spec.vmName,
-      repo: spec.vmName,
-      tag: 'latest',
-      baseImage: spec.image,
-      ...pushStamps(rec),
-      log,
-    });
-    ctx.metrics.snapshotPush(ns, 'ok', (performance.now() - pushed) / 1000);
-    log.info(
-      { digest: r.digest, snapshotId: r.snapshotId },
-      `pushed ${spec.vmName}:latest before removing the VM`,
-    );
-  } catch (err) {
-    ctx.metrics.snapshotPush(ns, 'failed', (performance.now() - pushed) / 1000);
-    throw fail(`push ${spec.vmName}:latest`, err);
-  }
-}
-
-/** A delete-time snapshot the authority rules refuse (never over another identity's tag or
- * snapshot, or a base image) is skipped loudly and the delete goes on: a refusal never
- * changes, so waiting would strand the pod Terminating. */
-function refused(ctx: ProviderContext, rec: PodRecord, what: string, why: string, log: Logger): void {
-  const message = `delete: ${what} not written: ${why}; VM ${rec.vm?.name ?? ''} is removed without its delete-time snapshot`;
-  ctx.events.event(rec.pod, 'Warning', 'SnapshotPushRefused', truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
-  log.warn(message);
-}
-
-/** `never` ⇒ no; `main-only` ⇒ a main agent only; `always`, empty or unknown ⇒ yes. */
-export function shouldSnapshot(spec: Pick<VMSpec, 'snapshotPolicy' | 'role'>): boolean {
-  if (spec.snapshotPolicy === 'never') return false;
-  if (spec.snapshotPolicy === 'main-only') return spec.role === 'main';
-  return true;
 }
 
 /** Releases the DHCP leases of a removed VM's NICs through cocoon-net's control socket. */

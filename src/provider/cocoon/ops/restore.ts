@@ -4,8 +4,9 @@
 
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
+import { inspectSnapshot } from '../../../cocoon/snapshots.ts';
 import type { Logger } from '../../../log.ts';
-import { inspectSnapshot, SnapshotPullError } from '../../../registry/pull.ts';
+import { SnapshotPullError } from '../../../registry/pull.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { checkLocalSource, checkRestoreState, mayDropSnapshot, ownerOfRec } from '../authority.ts';
 import { cloneFromSource, inspectVm, SettleError } from '../bringup.ts';

@@ -5,8 +5,8 @@
 
 import { realpath } from 'node:fs/promises';
 import { entryOwns } from '../../../authority/rules.ts';
+import { inspectSnapshot } from '../../../cocoon/snapshots.ts';
 import type { Logger } from '../../../log.ts';
-import { inspectSnapshot } from '../../../registry/pull.ts';
 import { checkCloneDir } from '../../../vmspec/clone-dir-roots.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { mayDropSnapshot, ownerOfRec, podRef } from '../authority.ts';
