@@ -51,6 +51,8 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/registry-pull.test.ts': { estimate: 45 },
   'test/integration/vm-events.test.ts': { estimate: 40 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
+  // Two hosts; three deletes during an outage, a restart each for two (12 s alone).
+  'test/integration/deferred-push.test.ts': { estimate: 20 },
   'test/integration/registry-push.test.ts': { estimate: 15 },
   // oras uploads of hand-made v2 vectors, clones and a wake from them (11 s alone).
   'test/integration/registry-v2.test.ts': { estimate: 15 },

@@ -27,6 +27,8 @@ let A: FleetHost;
 let B: FleetHost;
 let proxy: RegistryProxy;
 let registry: RegistryClient;
+/** A's daemon reaches the registry through the proxy. */
+let startA: () => Promise<unknown>;
 
 before(async () => {
   fw = await fleet();
@@ -36,7 +38,9 @@ before(async () => {
   const slash = base.indexOf('/');
   proxy = await RegistryProxy.start(base.slice(0, slash));
   registry = new RegistryClient({ base, credentials: [] });
-  await A.restart({ OCI_REGISTRY: `${proxy.hostPort}${base.slice(slash)}` });
+  startA = () => A.restart({ OCI_REGISTRY: `${proxy.hostPort}${base.slice(slash)}` });
+  await A.daemon.stop();
+  await startA();
 });
 
 after(async () => {
@@ -131,7 +135,7 @@ test('across a restart: the pending push survives the daemon and lands at its st
     await proxy.up();
   }
   assert.equal(await latest(vm), 'absent', 'nothing pushed while the daemon was down');
-  await A.restart();
+  await startA();
   await waitFor(
     `${vm}:latest pushed after the restart`,
     async () => (await latest(vm)) !== 'absent',
@@ -160,7 +164,7 @@ test('not pushed when the identity was recreated on another host and woke there 
   await waitForPod(fw.core, fw.namespace, name, 'hibernated', (p) => lifecycle(p) === 'hibernated', 120_000);
   await annotate(fw.core, fw.namespace, name, { [HIBERNATE]: 'false' });
   await waitReady(name);
-  await A.restart();
+  await startA();
   await waitFor(
     "A's deferred push dropped",
     async () => (await metric(A, /^cocoon_vk_snapshot_deferred_push_total\{result="dropped"\}/)) === 1,
