@@ -3,15 +3,20 @@
 // `idleKiB`), not the bench's, which also writes the test disk and runs the registry helpers.
 //   node bench/transfer-child.ts '<json job>'
 // The job: {op: 'push' | 'pull', registry: '<host:port>/<prefix>', cocoonBin, repo, tag,
-// localName, baseImage?, spoolDir?, spillDir?, budgetMiB?, readAheadWindowBytes?}; the
-// simulator's environment comes through the process environment. Prints one JSON line on
-// stdout: {ms, bytes, uploadedBytes?, idleKiB, hwmKiB, cpuMs, childrenCpuMs}.
+// localName, baseImage?, spoolDir?, spillDir?, budgetMiB?, readAheadWindowBytes?, v2?,
+// exportFrom?, discardImport?}; the simulator's environment comes through the process
+// environment. With `exportFrom` (push) or `discardImport` (pull) the transfer runs on the
+// bench's CocoonCli (bench/lib/bench-cli.ts): the export read from a tar file, the import's
+// tar discarded — the registry part alone. Prints one JSON line on stdout: {ms, bytes,
+// uploadedBytes?, discardedBytes?, idleKiB, hwmKiB, cpuMs, childrenCpuMs}.
 import fs from 'node:fs';
 import { CocoonCli } from '../src/cocoon/runner.ts';
 import { createLogger, silentLogger } from '../src/log.ts';
 import { RegistryClient } from '../src/registry/client.ts';
 import { pullSnapshot } from '../src/registry/pull.ts';
 import { pushSnapshot } from '../src/registry/push.ts';
+import type { V2Format } from '../src/registry/v2-write.ts';
+import { BenchCli } from './lib/bench-cli.ts';
 import { clockTicks, memOf, parseStatTimes } from './lib/procfs.ts';
 
 interface Job {
@@ -26,6 +31,12 @@ interface Job {
   spillDir?: string;
   budgetMiB?: number;
   readAheadWindowBytes?: number;
+  /** Push: the v2 writer's settings (`SNAPSHOT_ZSTD_LEVEL`, `SNAPSHOT_CHUNK_SIZE_MIB` in bytes). */
+  v2?: V2Format;
+  /** Push: the export is this tar file, not a live `cocoon snapshot export`. */
+  exportFrom?: string;
+  /** Pull: the import's tar is read and discarded, no `cocoon snapshot import`. */
+  discardImport?: boolean;
 }
 
 const job = JSON.parse(process.argv[2] ?? '{}') as Job;
@@ -35,7 +46,14 @@ const log = logLevel ? createLogger(logLevel) : silentLogger;
 const progressIntervalMs = logLevel ? 1000 : undefined;
 const lifetime = new AbortController();
 const registry = new RegistryClient({ base: job.registry, credentials: [] });
-const cli = new CocoonCli(job.cocoonBin, lifetime.signal, silentLogger);
+const benchCli =
+  job.exportFrom !== undefined || job.discardImport
+    ? new BenchCli(job.cocoonBin, lifetime.signal, silentLogger, {
+        exportFrom: job.exportFrom,
+        discardImportOf: job.discardImport ? job.localName : undefined,
+      })
+    : undefined;
+const cli = benchCli ?? new CocoonCli(job.cocoonBin, lifetime.signal, silentLogger);
 try {
   const idleKiB = memOf(process.pid).rssKiB;
   const t0 = performance.now();
@@ -50,6 +68,7 @@ try {
       tag: job.tag,
       baseImage: job.baseImage ?? '',
       spoolDir: job.spoolDir,
+      v2: job.v2,
       log,
       progressIntervalMs,
     });
@@ -75,7 +94,7 @@ try {
   // cutime + cstime: the `cocoon` client processes this one waited for.
   const childrenCpuMs = parseStatTimes(fs.readFileSync('/proc/self/stat', 'latin1'), clockTicks()).childrenMs;
   process.stdout.write(
-    `${JSON.stringify({ ms, bytes, uploadedBytes, idleKiB, hwmKiB: memOf(process.pid).hwmKiB, cpuMs, childrenCpuMs })}\n`,
+    `${JSON.stringify({ ms, bytes, uploadedBytes, discardedBytes: job.discardImport ? benchCli?.discardedBytes : undefined, idleKiB, hwmKiB: memOf(process.pid).hwmKiB, cpuMs, childrenCpuMs })}\n`,
   );
 } finally {
   registry.close();

@@ -1,146 +1,135 @@
 // Benchmark (a script, not a test): snapshot transfer through the registry. Usage:
-//   npm run bench:transfer                 # a 2 GiB sparse disk carrying 1 GiB of random data
-//   VK_BENCH_DISK_GIB=4 VK_BENCH_DATA_GIB=2 npm run bench:transfer
+//   npm run bench:transfer                 # a 1 GiB and a 4 GiB sparse disk, half of each data, v1 and v2
+//   VK_BENCH_DISK_GIB=2 VK_BENCH_DATA_GIB=1 npm run bench:transfer   # one size (a list: several)
+//   VK_BENCH_FORMATS=v1 npm run bench:transfer                       # v1 only
 //   VK_BENCH_RUNS=3 npm run bench:transfer # every row three times, in turn
 // Starts only the ground's docker-registry (CNCF distribution 2.8, filesystem storage on this
-// disk) and a simulator root; saves a VM snapshot whose disk (`cow.raw`) is a sparse file of
-// VK_BENCH_DISK_GIB with VK_BENCH_DATA_GIB of random data spread through it in 16 MiB extents,
-// then measures in one run:
-//   - ours, push: pushSnapshot (cocoon snapshot export ⇒ large files streamed to the registry,
-//     small ones spooled + HEAD/upload ⇒ manifest);
+// disk; a fresh one per size) and a simulator root; per size, saves a VM snapshot whose disk
+// (`cow.raw`) is a sparse file of VK_BENCH_DISK_GIB (default 1, then 4) with VK_BENCH_DATA_GIB
+// (default half the disk) of random data spread through it in 16 MiB extents
+// (VK_BENCH_COMPRESSIBLE=<percent>: that share of the extents half zeros, so that zstd has
+// something to compress), writes its `cocoon snapshot export` to a tar file (untimed), then,
+// for v1 and for v2 (the v2 writer at zstd level VK_BENCH_ZSTD_LEVEL, default 3, and chunks of
+// VK_BENCH_CHUNK_MIB, default 64), measures:
+//   - ours, push: pushSnapshot (live `cocoon snapshot export` ⇒ upload ⇒ manifest);
 //   - ours, pull: pullSnapshot into another local name (registry ⇒ verified stream ⇒ cocoon
 //     snapshot import);
+//   - ours, registry pull: the same pullSnapshot, its import's tar read and discarded
+//     (bench/lib/bench-cli.ts): fetch and verify every blob, v2 decompression, the tar;
 //   - crane (go-containerregistry v0.22.1, scripts/cranebin.sh): `crane pull --format oci` of
-//     the same artifact to a local OCI layout, then `crane push` of that layout to another
-//     repository (a real upload: blobs from a layout are not mounted across repositories);
-//   - the simulator alone: `snapshot export -o -` into /dev/null and `snapshot import` of the
-//     same tar from a file, what any push or pull through it costs at least.
-// MB/s is payload bytes (the layers and config as stored in the registry) over wall time.
-// Ours runs in a process of its own (bench/transfer-child.ts, with the daemon's V8 flags
-// --max-semi-space-size=2 --no-opt --no-maglev --optimize-for-size): its peak RSS is that
-// process's VmHWM, shown with its RSS before the transfer (Node.js and the modules); crane's is its VmHWM sampled from /proc every 20 ms. CPU:
-// the transfer process's own, then what the registry and the simulator (its server, where
-// export and import run, and the `cocoon` client processes) spent during the phase.
+//     the same artifact to a local OCI layout;
+//   - ours, registry push: pushSnapshot with the export read from the tar file (`cat`):
+//     hashing, v2 compression, upload, into a new repository;
+//   - crane: `crane push` of the layout to another new repository (a real upload: blobs from
+//     a layout are not mounted across repositories);
+// and, once per size, the simulator alone: `snapshot export -o -` into /dev/null and `snapshot
+// import` of the tar from the file, what any push or pull through it costs at least.
+// MB/s is payload bytes (the layers and config as stored in the registry: compressed under v2)
+// over wall time. Ours runs in a process of its own (bench/transfer-child.ts, with the daemon's
+// V8 flags --max-semi-space-size=2 --no-opt --no-maglev --optimize-for-size): its peak RSS is
+// that process's VmHWM, shown with its RSS before the transfer (Node.js and the modules);
+// crane's is its VmHWM sampled from /proc every 20 ms. CPU: the transfer process's own, then
+// what the registry and the simulator (its server, where export and import run, and the
+// `cocoon` client processes; `cat` for the registry push) spent during the phase.
 // VK_BENCH_CHILD_FLAGS adds Node flags to the transfer process (e.g. --cpu-prof); with
 // VK_BENCH_CHILD_LOG=info it logs its progress every second on stderr.
-// Everything it starts it stops (bench/lib/harness.ts teardown, the PID registry).
-import { spawn } from 'node:child_process';
+// Everything it starts it stops, and its gigabytes (disks, tar files, registry storage, crane
+// layouts) are removed however it ends (bench/lib/harness.ts teardown, the PID registry).
 import { randomFillSync } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startRegistry, stopRegistry } from '../ground/registry.ts';
-import { newSimRoot } from '../sim/client.ts';
+import { type RegistryState, startRegistry, stopRegistry } from '../ground/registry.ts';
+import { newSimRoot, type SimRoot } from '../sim/client.ts';
 import { RegistryClient } from '../src/registry/client.ts';
+import type { V2Format } from '../src/registry/v2-write.ts';
 import { runBenchChild } from './lib/child.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
-import { cpuTimes, memOf } from './lib/procfs.ts';
+import { cpuTimes } from './lib/procfs.ts';
 import { writeSparseDisk } from './lib/sparse.ts';
-import { fmtN, markdownTable } from './lib/stats.ts';
+import { fmtN } from './lib/stats.ts';
+import {
+  type ChildResult,
+  cocoonTable,
+  craneBin,
+  type Format,
+  measureChild,
+  type Row,
+  rowsTable,
+  summaryTable,
+} from './lib/transfer-report.ts';
 
 const GiB = 2 ** 30;
 const MiB = 2 ** 20;
 const repoRoot = path.resolve(import.meta.dirname, '..');
+const IMAGE = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
 
-interface Row {
-  what: string;
-  bytes: number;
-  ms: number;
-  peakKiB: number;
-  /** Ours: the transfer process's RSS before the transfer (Node.js and its modules). */
-  startKiB: number;
-  /** CPU time (user + system) of the transfer process. */
-  cpuMs: number;
-  /** CPU the registry spent during the phase. */
-  registryMs: number;
-  /** CPU the simulator spent during the phase (its server and the `cocoon` client processes). */
-  simMs: number;
-  note: string;
-}
+/** GiB as a short number ("0.5", "4"). */
+const gib = (n: number) => String(Number(n.toFixed(2)));
 
-interface ChildResult {
-  ms: number;
-  bytes: number;
-  uploadedBytes?: number;
-  /** The child's RSS before the transfer (Node.js and the modules it loaded). */
-  idleKiB: number;
-  /** The child's VmHWM at the end: its peak over its whole life. */
-  hwmKiB: number;
-  /** The child's CPU time (user + system), ms. */
-  cpuMs: number;
-  /** CPU time of the child's own children (the `cocoon` client processes it ran), ms. */
-  childrenCpuMs: number;
-}
-
-/**
- * Runs a command to completion; its wall time, peak RSS (VmHWM sampled every 20 ms) and CPU
- * time (utime + stime, the last sample before it exited).
- */
-function measureChild(cmd: string, args: string[]): Promise<{ ms: number; peakKiB: number; cpuMs: number }> {
-  return new Promise((resolve, reject) => {
-    const t0 = performance.now();
-    const child = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let peak = 0;
-    let cpuMs = 0;
-    let stderr = '';
-    child.stderr?.on('data', (d: Buffer) => {
-      stderr = (stderr + d.toString()).slice(-4000);
-    });
-    const timer = setInterval(() => {
-      try {
-        if (child.pid) {
-          // A process that is exiting (a zombie) has no VmHWM: keep the last real samples.
-          const hwm = memOf(child.pid).hwmKiB;
-          const cpu = cpuTimes(child.pid).selfMs;
-          if (Number.isFinite(hwm)) peak = Math.max(peak, hwm);
-          if (Number.isFinite(cpu)) cpuMs = cpu;
-        }
-      } catch {
-        // exited
-      }
-    }, 20);
-    child.on('error', reject);
-    child.on('close', (code) => {
-      clearInterval(timer);
-      if (code !== 0) reject(new Error(`${path.basename(cmd)} ${args[0]} exited ${code}: ${stderr.trim()}`));
-      else resolve({ ms: performance.now() - t0, peakKiB: peak, cpuMs });
-    });
+/** Positive numbers from a comma-separated variable, or undefined when it is unset. */
+function envList(name: string): number[] | undefined {
+  const raw = process.env[name] ?? '';
+  if (raw === '') return undefined;
+  return raw.split(',').map((s) => {
+    const n = Number(s.trim());
+    if (!Number.isFinite(n) || n <= 0) throw new Error(`${name}=${raw}: expected positive numbers`);
+    return n;
   });
 }
 
-async function craneBin(): Promise<string> {
-  if (process.env.VK_CRANE_BIN) return process.env.VK_CRANE_BIN;
-  const out = await new Promise<string>((resolve, reject) => {
-    const child = spawn('bash', [path.join(repoRoot, 'scripts', 'cranebin.sh')], {
-      stdio: ['ignore', 'pipe', 'inherit'],
-    });
-    let text = '';
-    child.stdout.on('data', (d: Buffer) => {
-      text += d.toString();
-    });
-    child.on('close', (code) =>
-      code === 0 ? resolve(text) : reject(new Error(`cranebin.sh exited ${code}`)),
-    );
+interface Size {
+  diskGiB: number;
+  dataGiB: number;
+  label: string;
+}
+
+/** The sizes: a 1 GiB and a 4 GiB disk with half their size in data, or the variables'. */
+function sizes(): Size[] {
+  const disks = envList('VK_BENCH_DISK_GIB');
+  const data = envList('VK_BENCH_DATA_GIB');
+  const list = (disks ?? (data ? data.map((d) => d * 2) : [1, 4])).map((diskGiB, i) => {
+    const dataGiB = data ? (data[i] ?? (data.at(-1) as number)) : diskGiB / 2;
+    if (dataGiB > diskGiB) throw new Error(`${dataGiB} GiB of data do not fit a ${diskGiB} GiB disk`);
+    return { diskGiB, dataGiB, label: `${gib(diskGiB)} GiB disk, ${gib(dataGiB)} GiB data` };
   });
-  return path.join(out.trim().split('\n').pop() ?? '', 'crane');
+  return list;
+}
+
+function formats(): Format[] {
+  const raw = (process.env.VK_BENCH_FORMATS ?? 'v1,v2').split(',').map((s) => s.trim());
+  for (const f of raw) if (f !== 'v1' && f !== 'v2') throw new Error(`VK_BENCH_FORMATS: ${f}? (v1, v2)`);
+  return raw as Format[];
+}
+
+/** Free bytes of the file system that holds `dir`. */
+function freeBytes(dir: string): number {
+  const st = fs.statfsSync(dir);
+  return st.bavail * st.bsize;
 }
 
 const bench = new Bench('transfer');
 bench.run(async () => {
-  const diskBytes = envInt('VK_BENCH_DISK_GIB', 2) * GiB;
-  const dataBytes = envInt('VK_BENCH_DATA_GIB', 1) * GiB;
-  const crane = await craneBin();
+  const crane = await craneBin(repoRoot);
+  const sizeList = sizes();
+  const formatList = formats();
+  const runs = envInt('VK_BENCH_RUNS', 1);
+  const compressible = Number(process.env.VK_BENCH_COMPRESSIBLE ?? '0') / 100;
+  if (!(compressible >= 0 && compressible <= 1))
+    throw new Error('VK_BENCH_COMPRESSIBLE: a percentage, 0–100');
+  const v2: V2Format = {
+    zstdLevel: envInt('VK_BENCH_ZSTD_LEVEL', 3),
+    chunkBytes: envInt('VK_BENCH_CHUNK_MIB', 64) * MiB,
+  };
   bench.check();
-  bench.log('starting docker-registry');
-  // The published figures (docs/benchmarks.md) are 2.8's: the bench keeps it, whatever the
-  // ground's default registry is.
-  const reg = await startRegistry(path.join(bench.dir, 'registry'), { kind: 'docker-registry' });
   const sim = await newSimRoot({ parent: bench.dir });
-  const registry = new RegistryClient({ base: `${reg.hostPort}/bench`, credentials: [] });
+  bench.removeAtEnd(path.join(sim.root, 'snapshot'));
+  const rows: Row[] = [];
+  const lines: string[] = [];
+  let reg: RegistryState | undefined;
   try {
     Object.assign(process.env, sim.env());
-    const image = 'ghcr.io/cocoonstack/cocoon/ubuntu:24.04';
-    await sim.fixtureSnapshot('base', { backend: 'cloud-hypervisor', image, pulled: true });
+    await sim.fixtureSnapshot('base', { backend: 'cloud-hypervisor', image: IMAGE, pulled: true });
     const vm = await sim.json<{ id: string }>([
       'vm',
       'clone',
@@ -150,183 +139,307 @@ bench.run(async () => {
       'bench-vm',
       'base',
     ]);
-    const saved = await sim.run(['snapshot', 'save', '--name', 'bench-vm', vm.id]);
-    if (saved.code !== 0) throw new Error(`snapshot save: ${saved.stderr.trim()}`);
-    const dataDir = path.join(sim.root, 'snapshot', 'localfile', saved.stdout.trim());
-    bench.log(
-      `writing the disk: ${diskBytes / GiB} GiB sparse, ${dataBytes / GiB} GiB random data in 16 MiB extents`,
-    );
-    writeSparseDisk(path.join(dataDir, 'cow.raw'), diskBytes, dataBytes);
-    fs.writeFileSync(path.join(dataDir, 'memory-range-0'), randomFillSync(Buffer.alloc(64 * MiB)));
-    bench.check();
+    for (const [i, size] of sizeList.entries()) {
+      // The source snapshot and its tar, the registry's v1 and v2 blobs, a crane layout, an
+      // imported copy: about six times the data at once, plus v2's spool.
+      const need = 7 * size.dataGiB * GiB + 2 * GiB;
+      if (freeBytes(bench.dir) < need)
+        throw new Error(
+          `${size.label}: ${fmtN(freeBytes(bench.dir) / GiB, 1)} GiB free under ${bench.dir}, ${fmtN(need / GiB, 1)} GiB needed`,
+        );
+      const regDir = path.join(bench.dir, `registry-${i + 1}`);
+      bench.removeAtEnd(path.join(regDir, 'storage'));
+      bench.log(`${size.label}: starting docker-registry`);
+      // The published figures (docs/benchmarks.md) are 2.8's: the bench keeps it, whatever the
+      // ground's default registry is.
+      reg = await startRegistry(regDir, { kind: 'docker-registry' });
+      lines.push(
+        ...(await runSize(sim, reg, vm.id, size, i + 1, { crane, formatList, runs, v2, compressible }, rows)),
+      );
+      await stopRegistry(reg);
+      reg = undefined;
+      fs.rmSync(path.join(regDir, 'storage'), { recursive: true, force: true });
+    }
 
-    const rows: Row[] = [];
-    const runs = envInt('VK_BENCH_RUNS', 1);
-    const simEnv = sim.env();
-    const serverPid = sim.serverPid;
-    /** CPU ms so far of the registry and of the simulator's server (export and import run there). */
+    console.log('');
+    for (const l of machineLines(undefined, bench)) console.log(l);
+    console.log(
+      `registry: docker-registry (distribution 2.8) on loopback, filesystem storage under ${os.tmpdir()}, a fresh one per size; ` +
+        `v2: zstd level ${v2.zstdLevel}, chunks of ${v2.chunkBytes / MiB} MiB; data ${
+          compressible > 0
+            ? `${fmtN(compressible * 100, 0)}% of the extents half zeros, the rest random`
+            : 'random'
+        }`,
+    );
+    for (const l of lines) console.log(l);
+    for (const size of sizeList) {
+      console.log('');
+      console.log(`${size.label}:`);
+      console.log('');
+      console.log(rowsTable(rows.filter((r) => r.size === size.label)));
+    }
+    console.log('');
+    console.log('The registry part, ours against crane (ours ÷ crane ≤ 1.00 is the goal):');
+    console.log('');
+    console.log(summaryTable(rows, runs));
+    console.log('');
+    console.log('With cocoon, and cocoon alone (wall):');
+    console.log('');
+    console.log(cocoonTable(rows, runs));
+  } finally {
+    await sim.cleanup({ keepDir: true }).catch(() => {});
+    if (reg) await stopRegistry(reg).catch(() => {});
+  }
+});
+
+interface SizeOptions {
+  crane: string;
+  formatList: Format[];
+  runs: number;
+  v2: V2Format;
+  compressible: number;
+}
+
+/** One snapshot size: every row of every format (and run), then the simulator alone. Returns
+ * the lines that describe the snapshot and its payloads. */
+async function runSize(
+  sim: SimRoot,
+  reg: RegistryState,
+  vmId: string,
+  size: Size,
+  n: number,
+  o: SizeOptions,
+  rows: Row[],
+): Promise<string[]> {
+  const snapshot = `bench-s${n}`;
+  const saved = await sim.run(['snapshot', 'save', '--name', snapshot, vmId]);
+  if (saved.code !== 0) throw new Error(`snapshot save: ${saved.stderr.trim()}`);
+  const dataDir = path.join(sim.root, 'snapshot', 'localfile', saved.stdout.trim());
+  bench.log(`${size.label}: writing the disk (16 MiB extents)`);
+  writeSparseDisk(path.join(dataDir, 'cow.raw'), size.diskGiB * GiB, size.dataGiB * GiB, o.compressible);
+  fs.writeFileSync(path.join(dataDir, 'memory-range-0'), randomFillSync(Buffer.alloc(64 * MiB)));
+  bench.check();
+  const tarFile = bench.removeAtEnd(path.join(bench.dir, `${snapshot}.tar`));
+  bench.log(`${size.label}: snapshot export into ${tarFile} (untimed: the registry push reads it)`);
+  const exported = await sim.run(['snapshot', 'export', snapshot, '-o', tarFile]);
+  if (exported.code !== 0) throw new Error(`snapshot export: ${exported.stderr.trim()}`);
+
+  const registry = new RegistryClient({ base: `${reg.hostPort}/bench`, credentials: [] });
+  const simEnv = sim.env();
+  const serverPid = sim.serverPid;
+  /** Runs a phase; the CPU the registry and the simulator server spent meanwhile. */
+  const phase = async <T>(fn: () => Promise<T>): Promise<T & { registryMs: number; simMs: number }> => {
     const others = () => ({
       registryMs: cpuTimes(reg.pid).selfMs,
       simMs: serverPid === undefined ? 0 : cpuTimes(serverPid).selfMs,
     });
-    /** Runs a phase; the CPU the registry and the simulator server spent meanwhile. */
-    const phase = async <T>(fn: () => Promise<T>): Promise<T & { registryMs: number; simMs: number }> => {
-      const before = others();
-      const value = await fn();
-      const after = others();
-      return {
-        ...value,
-        registryMs: after.registryMs - before.registryMs,
-        simMs: after.simMs - before.simMs,
-      };
-    };
-    let payload = 0;
-    for (let run = 1; run <= runs; run++) {
-      const suffix = runs > 1 ? ` #${run}` : '';
-      const repo = run === 1 ? 'bench-vm' : `bench-vm-${run}`;
-      bench.log(`ours: push${suffix}`);
-      const push = await phase(() =>
-        runBenchChild<ChildResult>(
-          'transfer-child.ts',
-          {
-            op: 'push',
-            registry: `${reg.hostPort}/bench`,
-            cocoonBin: sim.cocoonBin,
-            localName: 'bench-vm',
-            repo,
-            tag: 'latest',
-            baseImage: image,
-            spoolDir: bench.dir,
-          },
-          simEnv,
-        ),
-      );
-      const manifest = await registry.getManifest(registry.repository(repo), {
-        kind: 'tag',
-        value: 'latest',
-      });
-      if (manifest === 'absent') throw new Error('the pushed manifest is absent');
-      const layers = manifest.manifest.layers;
-      const cow = layers.find((l) => l.annotations['org.opencontainers.image.title'] === 'cow.raw');
-      payload = push.bytes;
-      rows.push({
-        what: `ours: push (pushSnapshot)${suffix}`,
-        bytes: payload,
-        ms: push.ms,
-        peakKiB: push.hwmKiB,
-        startKiB: push.idleKiB,
-        cpuMs: push.cpuMs,
-        registryMs: push.registryMs,
-        simMs: push.simMs + push.childrenCpuMs,
-        note: `export ⇒ upload; ${layers.length} layers, cow.raw ${fmtN((cow?.size ?? 0) / MiB, 0)} MiB`,
-      });
-      bench.check();
+    const before = others();
+    const value = await fn();
+    const after = others();
+    return { ...value, registryMs: after.registryMs - before.registryMs, simMs: after.simMs - before.simMs };
+  };
+  const child = (job: Record<string, unknown>) =>
+    phase(() =>
+      runBenchChild<ChildResult>(
+        'transfer-child.ts',
+        { registry: `${reg.hostPort}/bench`, cocoonBin: sim.cocoonBin, tag: 'latest', ...job },
+        simEnv,
+      ),
+    );
+  const payloads = new Map<Format, number>();
+  const lines: string[] = [];
+  try {
+    for (let run = 1; run <= o.runs; run++) {
+      const suffix = o.runs > 1 ? ` #${run}` : '';
+      for (const format of o.formatList) {
+        const v2 = format === 'v2' ? o.v2 : undefined;
+        const repo = `s${n}-${format}${run > 1 ? `-r${run}` : ''}`;
+        const log = (what: string) => bench.log(`${size.label}, ${format}: ${what}${suffix}`);
+        const base = { size: size.label, format, run };
+        const ours = (
+          kind: Row['kind'],
+          what: string,
+          r: ChildResult & { registryMs: number; simMs: number },
+          bytes: number,
+          note: string,
+        ): Row => ({
+          ...base,
+          kind,
+          what: `${what} ${format}${suffix}`,
+          bytes,
+          ms: r.ms,
+          peakKiB: r.hwmKiB,
+          startKiB: r.idleKiB,
+          cpuMs: r.cpuMs,
+          registryMs: r.registryMs,
+          simMs: r.simMs + r.childrenCpuMs,
+          note,
+        });
 
-      bench.log(`ours: pull${suffix}`);
-      const pull = await phase(() =>
-        runBenchChild<ChildResult>(
-          'transfer-child.ts',
-          {
-            op: 'pull',
-            registry: `${reg.hostPort}/bench`,
-            cocoonBin: sim.cocoonBin,
-            repo,
-            tag: 'latest',
-            localName: `bench-copy-${run}`,
-            spillDir: bench.dir,
-          },
-          simEnv,
-        ),
-      );
-      rows.push({
-        what: `ours: pull (pullSnapshot)${suffix}`,
-        bytes: payload,
-        ms: pull.ms,
-        peakKiB: pull.hwmKiB,
-        startKiB: pull.idleKiB,
-        cpuMs: pull.cpuMs,
-        registryMs: pull.registryMs,
-        simMs: pull.simMs + pull.childrenCpuMs,
-        note: 'download + verify + import',
-      });
-      const removed = await sim.run(['snapshot', 'rm', `bench-copy-${run}`]);
-      if (removed.code !== 0) throw new Error(`snapshot rm: ${removed.stderr.trim()}`);
-      bench.check();
+        log('ours: push');
+        const push = await child({
+          op: 'push',
+          localName: snapshot,
+          repo,
+          baseImage: IMAGE,
+          spoolDir: bench.dir,
+          v2,
+        });
+        const manifest = await registry.getManifest(registry.repository(repo), {
+          kind: 'tag',
+          value: 'latest',
+        });
+        if (manifest === 'absent') throw new Error('the pushed manifest is absent');
+        const layers = manifest.manifest.layers;
+        const cow = layers.filter((l) => l.annotations['org.opencontainers.image.title'] === 'cow.raw');
+        const cowBytes = cow.reduce((a, l) => a + l.size, 0);
+        const payload = push.bytes;
+        payloads.set(format, payload);
+        rows.push(
+          ours(
+            'push',
+            'ours: push (pushSnapshot)',
+            push,
+            payload,
+            `live export ⇒ upload; ${layers.length} layers, cow.raw ${fmtN(cowBytes / MiB, 0)} MiB in ${cow.length}`,
+          ),
+        );
+        bench.check();
 
-      const src = `${reg.hostPort}/bench/${repo}:latest`;
-      const layout = path.join(bench.dir, `crane-layout-${run}`);
-      bench.log(`crane: pull --format oci${suffix}`);
-      const cpull = await phase(() =>
-        measureChild(crane, ['pull', '--insecure', '--format', 'oci', src, layout]),
-      );
-      rows.push({
-        what: `crane pull --format oci${suffix}`,
-        bytes: payload,
-        ms: cpull.ms,
-        peakKiB: cpull.peakKiB,
-        startKiB: Number.NaN,
-        cpuMs: cpull.cpuMs,
-        registryMs: cpull.registryMs,
-        simMs: 0,
-        note: 'registry ⇒ OCI layout on disk',
-      });
-      bench.check();
-      bench.log(`crane: push (layout ⇒ another repository)${suffix}`);
-      const cpush = await phase(() =>
-        measureChild(crane, [
-          'push',
-          '--insecure',
-          layout,
-          `${reg.hostPort}/bench/bench-crane-${run}:latest`,
-        ]),
-      );
-      rows.push({
-        what: `crane push (OCI layout)${suffix}`,
-        bytes: payload,
-        ms: cpush.ms,
-        peakKiB: cpush.peakKiB,
-        startKiB: Number.NaN,
-        cpuMs: cpush.cpuMs,
-        registryMs: cpush.registryMs,
-        simMs: 0,
-        note: 'OCI layout ⇒ a new repository',
-      });
-      fs.rmSync(layout, { recursive: true, force: true });
-      bench.check();
+        log('ours: pull');
+        const copy = `bench-copy-${n}`;
+        const pull = await child({ op: 'pull', repo, localName: copy, spillDir: bench.dir });
+        rows.push(ours('pull', 'ours: pull (pullSnapshot)', pull, payload, 'download + verify + import'));
+        const removed = await sim.run(['snapshot', 'rm', copy]);
+        if (removed.code !== 0) throw new Error(`snapshot rm: ${removed.stderr.trim()}`);
+        bench.check();
+
+        log('ours: registry pull');
+        const rpull = await child({
+          op: 'pull',
+          repo,
+          localName: `bench-discard-${n}`,
+          spillDir: bench.dir,
+          discardImport: true,
+        });
+        rows.push(
+          ours(
+            'registry-pull',
+            'ours: registry pull',
+            rpull,
+            payload,
+            `download + verify${v2 ? ' + unzstd' : ''} + tar, ${fmtN((rpull.discardedBytes ?? 0) / MiB, 0)} MiB of tar discarded`,
+          ),
+        );
+        bench.check();
+
+        const src = `${reg.hostPort}/bench/${repo}:latest`;
+        const layout = bench.removeAtEnd(path.join(bench.dir, `crane-layout-${repo}`));
+        log('crane: pull --format oci');
+        const cpull = await phase(() =>
+          measureChild(o.crane, ['pull', '--insecure', '--format', 'oci', src, layout]),
+        );
+        rows.push({
+          ...base,
+          kind: 'crane-pull',
+          what: `crane pull --format oci ${format}${suffix}`,
+          bytes: payload,
+          ms: cpull.ms,
+          peakKiB: cpull.peakKiB,
+          startKiB: Number.NaN,
+          cpuMs: cpull.cpuMs,
+          registryMs: cpull.registryMs,
+          simMs: 0,
+          note: 'registry ⇒ OCI layout on disk',
+        });
+        bench.check();
+
+        log('ours: registry push (export from the tar file)');
+        const rpush = await child({
+          op: 'push',
+          localName: snapshot,
+          repo: `${repo}-ours`,
+          baseImage: IMAGE,
+          spoolDir: bench.dir,
+          v2,
+          exportFrom: tarFile,
+        });
+        rows.push(
+          ours(
+            'registry-push',
+            'ours: registry push',
+            rpush,
+            rpush.bytes,
+            `tar file ⇒ ${v2 ? 'zstd + ' : ''}hash ⇒ a new repository, ${fmtN((rpush.uploadedBytes ?? 0) / MiB, 0)} MiB uploaded`,
+          ),
+        );
+        bench.check();
+
+        log('crane: push (layout ⇒ another repository)');
+        const cpush = await phase(() =>
+          measureChild(o.crane, ['push', '--insecure', layout, `${reg.hostPort}/bench/${repo}-crane:latest`]),
+        );
+        rows.push({
+          ...base,
+          kind: 'crane-push',
+          what: `crane push (OCI layout) ${format}${suffix}`,
+          bytes: payload,
+          ms: cpush.ms,
+          peakKiB: cpush.peakKiB,
+          startKiB: Number.NaN,
+          cpuMs: cpush.cpuMs,
+          registryMs: cpush.registryMs,
+          simMs: 0,
+          note: 'OCI layout ⇒ a new repository',
+        });
+        fs.rmSync(layout, { recursive: true, force: true });
+        bench.check();
+      }
     }
 
     // The simulator alone, no registry: what any push (export) or pull (import) through it costs.
-    bench.log('simulator alone: snapshot export, snapshot import');
+    bench.log(`${size.label}: simulator alone: snapshot export, snapshot import`);
     const exportOnly = await phase(() =>
-      measureChild('bash', ['-c', 'exec "$0" snapshot export bench-vm -o - > /dev/null', sim.cocoonBin]),
+      measureChild('bash', [
+        '-c',
+        'exec "$0" snapshot export "$1" -o - > /dev/null',
+        sim.cocoonBin,
+        snapshot,
+      ]),
     );
-    const tarFile = path.join(bench.dir, 'bench-vm.tar');
-    const exported = await sim.run(['snapshot', 'export', 'bench-vm', '-o', tarFile]);
-    if (exported.code !== 0) throw new Error(`snapshot export: ${exported.stderr.trim()}`);
     const importOnly = await phase(() =>
       measureChild('bash', [
         '-c',
-        'exec "$0" snapshot import --name bench-floor < "$1"',
+        'exec "$0" snapshot import --name "$1" < "$2"',
         sim.cocoonBin,
+        `bench-floor-${n}`,
         tarFile,
       ]),
     );
-    fs.rmSync(tarFile, { force: true });
-    for (const [what, m, note] of [
+    const floorRemoved = await sim.run(['snapshot', 'rm', `bench-floor-${n}`]);
+    if (floorRemoved.code !== 0) throw new Error(`snapshot rm: ${floorRemoved.stderr.trim()}`);
+    const tarBytes = fs.statSync(tarFile).size;
+    for (const [kind, what, m, note] of [
       [
+        'export',
         'simulator: snapshot export',
         exportOnly,
         '`cocoon snapshot export -o -` into /dev/null: the push floor',
       ],
       [
+        'import',
         'simulator: snapshot import',
         importOnly,
         '`cocoon snapshot import` of the tar from a file: the pull floor',
       ],
     ] as const) {
       rows.push({
+        size: size.label,
+        format: undefined,
+        kind,
+        run: 1,
         what,
-        bytes: payload,
+        bytes: tarBytes,
         ms: m.ms,
         peakKiB: Number.NaN,
         startKiB: Number.NaN,
@@ -336,36 +449,20 @@ bench.run(async () => {
         note,
       });
     }
-
-    console.log('');
-    for (const l of machineLines(undefined, bench)) console.log(l);
-    console.log(
-      `registry: docker-registry (distribution 2.8) on loopback, filesystem storage under ${os.tmpdir()}; ` +
-        `snapshot: cow.raw ${diskBytes / GiB} GiB sparse with ${dataBytes / GiB} GiB data, memory 64 MiB; payload ${fmtN(payload / MiB, 0)} MiB`,
-    );
-    console.log('');
-    const sec = (ms: number) => (Number.isFinite(ms) ? `${fmtN(ms / 1000, 1)} s` : '–');
-    console.log(
-      markdownTable(
-        ['transfer', 'payload', 'wall', 'MB/s', 'peak RSS (idle)', 'CPU', 'CPU registry / simulator', 'what'],
-        rows.map((r) => [
-          r.what,
-          `${fmtN(r.bytes / MiB, 0)} MiB`,
-          `${fmtN(r.ms / 1000, 1)} s`,
-          fmtN(r.bytes / 1e6 / (r.ms / 1000), 0),
-          Number.isFinite(r.peakKiB)
-            ? `${fmtN(r.peakKiB / 1024, 0)} MiB` +
-              (Number.isFinite(r.startKiB) ? ` (${fmtN(r.startKiB / 1024, 0)})` : '')
-            : '–',
-          sec(r.cpuMs),
-          `${sec(r.registryMs)} / ${sec(r.simMs)}`,
-          r.note,
-        ]),
-      ),
+    const v1 = payloads.get('v1');
+    lines.push(
+      `${size.label}: cow.raw ${gib(size.diskGiB)} GiB sparse with ${gib(size.dataGiB)} GiB data, memory 64 MiB; export tar ${fmtN(tarBytes / MiB, 0)} MiB; payload ` +
+        [...payloads]
+          .map(
+            ([f, b]) =>
+              `${f} ${fmtN(b / MiB, 0)} MiB${f === 'v2' && v1 ? ` (${fmtN((b / v1) * 100, 1)}% of v1)` : ''}`,
+          )
+          .join(', '),
     );
   } finally {
     registry.close();
-    await sim.cleanup({ keepDir: true }).catch(() => {});
-    await stopRegistry(reg).catch(() => {});
+    fs.rmSync(tarFile, { force: true });
+    await sim.run(['snapshot', 'rm', snapshot]).catch(() => undefined);
   }
-});
+  return lines;
+}

@@ -56,6 +56,8 @@ export class Bench {
   release: { bin: string; version: string; cache: string } | undefined;
   /** 1-minute load average when the bench started (the machine may be shared). */
   readonly loadAtStart = os.loadavg()[0] ?? 0;
+  /** Bulky paths (test disks, registry storage) removed at teardown in every outcome. */
+  readonly #bulky = new Set<string>();
 
   constructor(name: string) {
     this.name = name;
@@ -72,6 +74,14 @@ export class Bench {
           await sim.cleanup({ keepDir: true }).catch(() => {});
         }
         if (this.ground) await stopGround(this.ground).catch(() => {});
+        // After installTeardown has stopped whatever is left in the registry (the registry
+        // server, the simulator), so nothing writes there any more.
+        // VK_BENCH_KEEP keeps them too.
+        if (!process.env.VK_BENCH_KEEP) {
+          process.once('exit', () => {
+            for (const p of this.#bulky) rmSync(p, { recursive: true, force: true });
+          });
+        }
         if (why.kind === 'done' && why.code === 0 && !process.env.VK_BENCH_KEEP) {
           // After installTeardown has stopped whatever is left in the registry.
           process.once('exit', () => rmSync(this.dir, { recursive: true, force: true }));
@@ -90,6 +100,13 @@ export class Bench {
       () => this.#end({ kind: 'done', code: 0 }),
       (error: unknown) => this.#end({ kind: 'error', error }),
     );
+  }
+
+  /** Removes `path` at teardown however the bench ends (the logs next to it are kept on a
+   * failure; gigabytes of test data are not). Returns `path`. */
+  removeAtEnd(path: string): string {
+    this.#bulky.add(path);
+    return path;
   }
 
   /** Throws when a signal started the teardown (long phases call it between steps). */

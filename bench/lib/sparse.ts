@@ -9,8 +9,15 @@ import path from 'node:path';
 /** The data extent of a bench disk. */
 export const EXTENT = 16 * 2 ** 20;
 
-/** A `size`-byte sparse file with `data` bytes of random data in EXTENT pieces spread evenly. */
-export function writeSparseDisk(file: string, size: number, data: number): void {
+/** Bytes of a compressible page: random in its first half, zeros in its second. */
+const PAGE = 4096;
+
+/**
+ * A `size`-byte sparse file with `data` bytes of random data in EXTENT pieces spread evenly.
+ * With `compressible` (0–1, default 0) that fraction of the extents, spread evenly too, holds
+ * pages that are half random and half zeros instead (zstd stores them at about half their size).
+ */
+export function writeSparseDisk(file: string, size: number, data: number, compressible = 0): void {
   const extents = Math.max(1, Math.round(data / EXTENT));
   const stride = Math.floor(size / extents / EXTENT) * EXTENT;
   if (stride < EXTENT) throw new Error(`cannot spread ${data} bytes of data in ${size} bytes`);
@@ -20,6 +27,9 @@ export function writeSparseDisk(file: string, size: number, data: number): void 
     const buf = Buffer.allocUnsafe(EXTENT);
     for (let i = 0; i < extents; i++) {
       randomFillSync(buf);
+      if (Math.floor((i + 1) * compressible) > Math.floor(i * compressible)) {
+        for (let at = PAGE / 2; at < EXTENT; at += PAGE) buf.fill(0, at, at + PAGE / 2);
+      }
       fs.writeSync(fd, buf, 0, EXTENT, i * stride);
     }
   } finally {

@@ -10,9 +10,17 @@ import { once } from 'node:events';
 import { createZstdDecompress } from 'node:zlib';
 import type { TarLayerEntry } from './import-plan.ts';
 
+/**
+ * Output buffer of a zstd (de)compressor. zlib's default (16 KiB) cuts every 64 KiB socket or
+ * pipe read into several pieces, each a round trip through the thread pool and a chunk through
+ * every stream after it: with the daemon's V8 flags (no optimizing JIT) that per-chunk cost was
+ * most of a v2 transfer's CPU (docs/benchmarks.md "bench:transfer"). Pieces are slices of it.
+ */
+export const ZSTD_CHUNK_BYTES = 1024 * 1024;
+
 /** The decompressed bytes of one zstd stream (one or more frames). A truncated or corrupt stream throws. */
 export async function* unzstd(source: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
-  const z = createZstdDecompress();
+  const z = createZstdDecompress({ chunkSize: ZSTD_CHUNK_BYTES });
   const feeding = (async () => {
     try {
       for await (const chunk of source) if (!z.write(chunk)) await once(z, 'drain');

@@ -12,6 +12,7 @@ import type { Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { constants, createZstdCompress } from 'node:zlib';
 import { ZSTD_SUFFIX } from './artifact.ts';
+import { ZSTD_CHUNK_BYTES } from './entry-body.ts';
 import { CHUNK_COUNT_ANNOTATION, CHUNK_INDEX_ANNOTATION } from './import-plan.ts';
 import { Hashing, MiB } from './transfer.ts';
 
@@ -145,6 +146,7 @@ export async function writeV2File(entry: AsyncIterable<Buffer>, o: WriteV2Option
     const out = createWriteStream(file, { flags: 'wx', mode: 0o600 });
     const zstd = o.layout.compress
       ? createZstdCompress({
+          chunkSize: ZSTD_CHUNK_BYTES,
           params: {
             [constants.ZSTD_c_compressionLevel]: o.zstdLevel,
             [constants.ZSTD_c_checksumFlag]: 1,

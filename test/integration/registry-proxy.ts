@@ -7,6 +7,7 @@
 //   proxy.refuseManifestPut(400);          // PUT .../manifests/<ref> ⇒ 400 MANIFEST_INVALID, not forwarded
 //   await proxy.down();                    // connections refused (ECONNREFUSED); down('reset') accepts and resets
 //   proxy.downAfterUploadBytes(1 << 20);   // goes down once 1 MiB of blob upload bodies went through
+//   proxy.cutNextBlobDownloadAt(0.5);      // resets the next full blob GET after half its bytes
 //   await proxy.up();                      // back on the same port
 //   proxy.clear();                         // no rules, proxy up state unchanged
 //   proxy.requests                         // [{method, path, status}] in arrival order (status or 'refused'/'reset')
@@ -16,6 +17,7 @@
 // Locations that point back at the proxy.
 import http from 'node:http';
 import type { Socket } from 'node:net';
+import { Transform } from 'node:stream';
 
 export interface ProxyRequest {
   readonly method: string;
@@ -23,6 +25,10 @@ export interface ProxyRequest {
   readonly path: string;
   /** The status sent back, `'reset'` when the connection was cut, `'error'` when the registry failed. */
   status: number | 'reset' | 'error';
+  /** The request's Range header, if any. */
+  range?: string;
+  /** A download cut by `cutNextBlobDownloadAt`: the bytes that went through before the reset. */
+  cutAfter?: number;
 }
 
 type DownMode = 'refuse' | 'reset';
@@ -40,6 +46,7 @@ export class RegistryProxy {
   #manifestPut: { status: number; code: string } | undefined;
   #state: 'up' | DownMode = 'up';
   #uploadBudget: number | undefined;
+  #cutDownloadAt: number | undefined;
 
   private constructor(server: http.Server, port: number, target: string) {
     this.#server = server;
@@ -88,6 +95,12 @@ export class RegistryProxy {
     this.#uploadBudget = bytes;
   }
 
+  /** Resets the connection of the next blob GET answered 200 once `fraction` of its
+   * Content-Length went through (once; a Range request after it is served whole). */
+  cutNextBlobDownloadAt(fraction: number): void {
+    this.#cutDownloadAt = fraction;
+  }
+
   /** Back up on the same port. */
   async up(): Promise<void> {
     if (!this.#server.listening) await this.#listen();
@@ -108,6 +121,7 @@ export class RegistryProxy {
   clear(): void {
     this.#manifestPut = undefined;
     this.#uploadBudget = undefined;
+    this.#cutDownloadAt = undefined;
   }
 
   /** Requests since index `from`, as `METHOD path` without the query. */
@@ -140,10 +154,34 @@ export class RegistryProxy {
     void this.down('refuse');
   }
 
+  /** Passes `limit` bytes, then resets the client's connection (the bytes before the reset may
+   * or may not reach it: a resume must start where the reader got to, not where this cut). */
+  #cutter(limit: number, entry: ProxyRequest, stopUpstream: () => void, socket: Socket): Transform {
+    let passed = 0;
+    return new Transform({
+      transform(chunk: Buffer, _enc, done) {
+        const room = limit - passed;
+        if (chunk.length < room) {
+          passed += chunk.length;
+          done(null, chunk);
+          return;
+        }
+        passed += room;
+        entry.cutAfter = passed;
+        done(null, chunk.subarray(0, room));
+        setImmediate(() => {
+          socket.resetAndDestroy();
+          stopUpstream();
+        });
+      },
+    });
+  }
+
   #handle(req: http.IncomingMessage, res: http.ServerResponse): void {
     const method = req.method ?? 'GET';
     const path = req.url ?? '/';
     const entry: ProxyRequest = { method, path, status: 'reset' };
+    if (typeof req.headers.range === 'string') entry.range = req.headers.range;
     this.requests.push(entry);
     if (this.#state !== 'up') {
       req.socket.resetAndDestroy();
@@ -166,6 +204,18 @@ export class RegistryProxy {
       (up) => {
         entry.status = up.statusCode ?? 0;
         res.writeHead(up.statusCode ?? 502, up.headers);
+        const length = Number(up.headers['content-length']);
+        const cutAt = this.#cutDownloadAt;
+        if (
+          cutAt !== undefined &&
+          method === 'GET' &&
+          up.statusCode === 200 &&
+          /\/blobs\/sha256:/.test(path)
+        ) {
+          this.#cutDownloadAt = undefined;
+          up.pipe(this.#cutter(Math.floor(length * cutAt), entry, () => up.destroy(), req.socket)).pipe(res);
+          return;
+        }
         up.pipe(res);
       },
     );

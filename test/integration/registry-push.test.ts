@@ -779,3 +779,50 @@ describe('export failures (a scripted cocoon export)', () => {
     noManifest(from);
   });
 });
+
+describe('a 1 GiB blob read through a connection cut at 50 %', () => {
+  it('the read resumes with Range from where it got to, and the bytes match the digest', async () => {
+    const GiB = 2 ** 30;
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-bigblob-'));
+    const proxy = await RegistryProxy.start(g.registry.hostPort);
+    try {
+      // 1 GiB of a repeated random MiB, hashed as it is written (the registry stores it whole).
+      const file = path.join(dir, 'blob');
+      const piece = randomBytes(2 ** 20);
+      const hash = createHash('sha256');
+      const fd = fs.openSync(file, 'w');
+      for (let i = 0; i < GiB / piece.length; i++) {
+        piece.writeUInt32LE(i, 0); // no two MiB alike: a resume at a wrong offset cannot match
+        fs.writeSync(fd, piece);
+        hash.update(piece);
+      }
+      fs.closeSync(fd);
+      const digest = `sha256:${hash.digest('hex')}`;
+      const repo = registry.repository('bigblob');
+      await registry.uploadBlob(repo, { digest, size: GiB, file });
+      fs.rmSync(file);
+
+      const viaProxy = new RegistryClient({ base: `${proxy.hostPort}/cocoon`, credentials: [] });
+      proxy.cutNextBlobDownloadAt(0.5);
+      const from = proxy.requests.length;
+      const got = createHash('sha256');
+      let bytes = 0;
+      for await (const chunk of await viaProxy.getBlob(repo, { digest, size: GiB })) {
+        got.update(chunk as Buffer);
+        bytes += (chunk as Buffer).length;
+      }
+      viaProxy.close();
+      assert.equal(bytes, GiB);
+      assert.equal(`sha256:${got.digest('hex')}`, digest, 'the bytes match');
+      const gets = proxy.requests.slice(from).filter((r) => r.method === 'GET' && r.path.includes('/blobs/'));
+      assert.equal(gets.length, 2, `one cut, one resume: ${JSON.stringify(gets)}`);
+      assert.equal(gets[0]?.cutAfter, GiB / 2, 'cut at 50 %');
+      const resumeAt = Number(/^bytes=(\d+)-$/.exec(gets[1]?.range ?? '')?.[1]);
+      assert.ok(resumeAt > 0 && resumeAt <= GiB / 2, `resumed at ${gets[1]?.range}`);
+      assert.equal(gets[1]?.status, 206);
+    } finally {
+      await proxy.stop();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
