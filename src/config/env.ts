@@ -6,6 +6,11 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { isIPv4 } from 'node:net';
 import { FIXUP_BUDGET_MS } from '../guest/postclone.ts';
+import {
+  DEFAULT_READY_DEADLINE_SECONDS,
+  DEFAULT_RECONCILE_INTERVAL_SECONDS,
+  MIN_READY_DEADLINE_SECONDS,
+} from '../lifecycle/owed.ts';
 import { type GoogleAdcMode, isGoogleRegistryHost } from '../registry/credentials.ts';
 import { isLoopbackAddress, isLoopbackHost } from '../util/loopback.ts';
 import { parseCloneDirRoots } from '../vmspec/clone-dir-roots.ts';
@@ -276,12 +281,12 @@ export const ENV_DOCS: readonly EnvVarDoc[] = [
   },
   {
     name: 'VK_READY_DEADLINE_SECONDS',
-    default: '600',
-    meaning: 'longest a managed pod with a live VM may stay creating (>= 480)',
+    default: String(DEFAULT_READY_DEADLINE_SECONDS),
+    meaning: `longest a managed pod with a live VM may stay creating (>= ${MIN_READY_DEADLINE_SECONDS})`,
   },
   {
     name: 'VK_RECONCILE_INTERVAL_SECONDS',
-    default: '15',
+    default: String(DEFAULT_RECONCILE_INTERVAL_SECONDS),
     meaning: 'lifecycle tick: readiness reconcile and re-flush (1-60)',
   },
   {
@@ -543,7 +548,12 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
   problems.push(...cloneDirRoots.problems);
   const networks = parseNetworkPolicy(get('VK_ALLOWED_NETWORKS'), get('VK_NAMESPACE_NETWORKS'));
   problems.push(...networks.problems);
-  const readyDeadlineSeconds = int('VK_READY_DEADLINE_SECONDS', 600, 480, 86_400);
+  const readyDeadlineSeconds = int(
+    'VK_READY_DEADLINE_SECONDS',
+    DEFAULT_READY_DEADLINE_SECONDS,
+    MIN_READY_DEADLINE_SECONDS,
+    86_400,
+  );
   // Client-side write budgets (docs/decisions.md "Client rate limits"): an unset burst is
   // twice the rate (kubelet's 50/100); a burst below its rate is refused.
   const budget = (prefix: string, defQps: number): [number, number] => {
@@ -613,7 +623,7 @@ export function loadConfig(env: NodeJS.ProcessEnv): Config {
     transferSlots: int('VK_TRANSFER_SLOTS', 8, 1, 256),
     readyDeadlineSeconds,
     fixupBudgetSeconds: int('VK_FIXUP_BUDGET_SECONDS', FIXUP_BUDGET_MS / 1000, 30, FIXUP_BUDGET_MS / 1000),
-    reconcileIntervalSeconds: int('VK_RECONCILE_INTERVAL_SECONDS', 15, 1, 60),
+    reconcileIntervalSeconds: int('VK_RECONCILE_INTERVAL_SECONDS', DEFAULT_RECONCILE_INTERVAL_SECONDS, 1, 60),
     streamIdleTimeoutSeconds: int('VK_STREAM_IDLE_TIMEOUT_SECONDS', 14_400, 1, 604_800),
     kubeQps,
     kubeBurst,

@@ -26,14 +26,6 @@ export const MIN_READY_DEADLINE_SECONDS = 480;
 /** Default `VK_RECONCILE_INTERVAL_SECONDS` (docs/contracts/lifecycle.md "Owed steps"). */
 export const DEFAULT_RECONCILE_INTERVAL_SECONDS = 15;
 
-/** Validates `VK_READY_DEADLINE_SECONDS`: an integer ≥ 480; startup rejects anything else (docs/contracts/lifecycle.md "Ready deadline"). */
-export function validateReadyDeadlineSeconds(seconds: number): string | undefined {
-  if (!Number.isInteger(seconds) || seconds < MIN_READY_DEADLINE_SECONDS) {
-    return `VK_READY_DEADLINE_SECONDS: expected an integer of at least ${MIN_READY_DEADLINE_SECONDS}, got ${seconds}`;
-  }
-  return undefined;
-}
-
 /** The VM bound to the pod (tracked VM record). */
 export interface BoundVm {
   readonly id: string;

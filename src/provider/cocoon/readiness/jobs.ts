@@ -16,6 +16,7 @@ import {
 import { attemptErrorMessage, joinAttemptErrors } from '../../../guest/attempts.ts';
 import { FIXUP_RETRY_DELAY_MS, hintBase64, planFixup } from '../../../guest/postclone.ts';
 import { guestProfile } from '../../../guest/profiles.ts';
+import { IP_WAIT_POLL_MS, WINDOWS_RENEW_NUDGE_TIMEOUT_MS } from '../../../lifecycle/owed.ts';
 import { resolveIp } from '../../../net/leases.ts';
 import { pause } from '../../../util/deadline.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
@@ -34,8 +35,6 @@ import { backendOf, nicsOf } from './facts.ts';
 
 /** Extra time a job may run past its budget before it is abandoned. */
 const JOB_GRACE_MS = 10_000;
-const IP_POLL_MS = 200;
-const NUDGE_TIMEOUT_MS = 20_000;
 
 export function abortJob(rec: PodRecord, why: string): void {
   if (!rec.job) return;
@@ -228,7 +227,7 @@ export async function runIpWait(
     const progress = rec.progress?.vmId === job.vmId ? rec.progress : undefined;
     if (renewNudgeAt !== undefined && progress && !progress.renewNudgeSent && monoNow() >= renewNudgeAt) {
       recordProgress(rec, job.vmId, { renewNudgeSent: true });
-      const timeoutMs = Math.max(1, Math.min(NUDGE_TIMEOUT_MS, deadline - monoNow()));
+      const timeoutMs = Math.max(1, Math.min(WINDOWS_RENEW_NUDGE_TIMEOUT_MS, deadline - monoNow()));
       try {
         const nudge = guestProfile(rec.spec?.os ?? 'linux').renewNudge ?? [];
         await ctx.cli.run(execArgv({ vmId: job.vmId, command: nudge }), {
@@ -244,7 +243,7 @@ export async function runIpWait(
       }
       continue; // re-check the lease right after the nudge
     }
-    await lease.wait(IP_POLL_MS, signal);
+    await lease.wait(IP_WAIT_POLL_MS, signal);
   }
 }
 
