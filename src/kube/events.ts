@@ -11,6 +11,7 @@
 import type { CoreV1Event, V1Pod } from '@kubernetes/client-node';
 import type { Logger } from '../log.ts';
 import { apiErrorMessage, apiStatus, type Kube, mergePatch, withSignal } from './client.ts';
+import { keyOf } from './key.ts';
 
 export type EventType = 'Normal' | 'Warning';
 
@@ -108,7 +109,7 @@ export class EventRecorder implements EventSink {
       if (this.#pending >= this.#maxPending) {
         this.#dropped++;
         this.#log.debug(
-          { pod: podKeyOf(pod), type, reason, pendingKeys: this.#pending, dropped: this.#dropped },
+          { pod: keyOf(pod), type, reason, pendingKeys: this.#pending, dropped: this.#dropped },
           'event dropped: pending event buffer is full',
         );
         this.onDrop(type, reason);
@@ -283,8 +284,4 @@ export class EventRecorder implements EventSink {
       if (idle(v)) this.#entries.delete(k);
     }
   }
-}
-
-export function podKeyOf(pod: V1Pod): string {
-  return `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
 }

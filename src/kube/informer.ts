@@ -15,6 +15,7 @@
 // JSON as parsed (timestamps are strings).
 import type { IncomingMessage } from 'node:http';
 import { setTimeout as sleep } from 'node:timers/promises';
+import { keyOf, podKey } from './key.ts';
 import { ApiError, type ApiStatusBody, type QueryValue, type RestClient } from './rest.ts';
 
 export interface KubeObject {
@@ -113,10 +114,6 @@ type Outcome =
   | { kind: 'idle' }
   | { kind: 'error'; err: unknown; relist?: boolean };
 
-function keyOf(obj: KubeObject): string {
-  return `${obj.metadata?.namespace ?? ''}/${obj.metadata?.name ?? ''}`;
-}
-
 export class Informer<T extends KubeObject> {
   readonly #o: InformerOptions<T>;
   /** By `namespace/name`. */
@@ -153,7 +150,7 @@ export class Informer<T extends KubeObject> {
   }
 
   get(name: string, namespace?: string): T | undefined {
-    return this.#objects.get(`${namespace ?? ''}/${name}`);
+    return this.#objects.get(podKey(namespace ?? '', name));
   }
 
   list(namespace?: string): T[] {

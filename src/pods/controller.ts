@@ -7,6 +7,7 @@ import type { V1Pod, V1PodStatus } from '@kubernetes/client-node';
 import { apiErrorMessage, apiStatus, type Kube } from '../kube/client.ts';
 import type { EventSink } from '../kube/events.ts';
 import type { Informer } from '../kube/informer.ts';
+import { keyOf, podKey, splitKey } from '../kube/key.ts';
 import type { Logger } from '../log.ts';
 import { monoNow } from '../util/mono-clock.ts';
 import { WorkQueue } from '../util/work-queue.ts';
@@ -26,19 +27,6 @@ export interface PodControllerOptions {
   /** Concurrent syncs of different pods. */
   workers?: number;
   resyncMs?: number;
-}
-
-export function podKey(namespace: string, name: string): string {
-  return `${namespace}/${name}`;
-}
-
-function keyOf(pod: V1Pod): string {
-  return podKey(pod.metadata?.namespace ?? '', pod.metadata?.name ?? '');
-}
-
-function splitKey(key: string): [string, string] {
-  const i = key.indexOf('/');
-  return [key.slice(0, i), key.slice(i + 1)];
 }
 
 function isTerminalPhase(phase: string | undefined): boolean {

@@ -16,14 +16,11 @@ import {
   type WriteOptions,
   withSignal,
 } from '../kube/client.ts';
+import { keyOf } from '../kube/key.ts';
 import type { Logger } from '../log.ts';
 import { WorkQueue } from '../util/work-queue.ts';
 import type { PodStatusSink, StatusWriteOptions } from './ports.ts';
 import { buildStatusPatch, statusSignature } from './status-patch.ts';
-
-function keyOf(pod: V1Pod): string {
-  return `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
-}
 
 function isTerminalPhase(phase: string | undefined): boolean {
   return phase === 'Succeeded' || phase === 'Failed';

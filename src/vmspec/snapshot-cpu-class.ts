@@ -3,6 +3,7 @@
 // runs only on a node whose VK_SNAPSHOT_CPU_CLASS is exactly that class, because a memory
 // snapshot restored on another CPU model can fault in the guest. Succeeded and Failed pods are
 // exempt (they never run again). Pure: the provider refuses the create (claim) and startup.
+import { keyOf } from '../kube/key.ts';
 
 /** The node label (and nodeSelector key) of the snapshot CPU class. */
 export const SNAPSHOT_CPU_CLASS_LABEL = 'cocoonstack.io/snapshot-cpu-class';
@@ -53,8 +54,7 @@ export function cpuClassStartupError(
   const bad: string[] = [];
   for (const pod of pods) {
     const v = checkSnapshotCpuClass(pod, nodeClass);
-    if (!v.ok)
-      bad.push(`${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''} (${JSON.stringify(v.wanted)})`);
+    if (!v.ok) bad.push(`${keyOf(pod)} (${JSON.stringify(v.wanted)})`);
   }
   if (bad.length === 0) return undefined;
   return (

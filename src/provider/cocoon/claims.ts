@@ -4,6 +4,7 @@
 // second index that could drift from them).
 import type { V1Pod } from '@kubernetes/client-node';
 import { MANAGED, VM_ID, VM_NAME } from '../../contract/annotations.ts';
+import { keyOf } from '../../kube/key.ts';
 import type { PodRecord } from './state.ts';
 
 /** A full cocoon VM ID: 26 characters of the RFC 4648 base32 alphabet. */
@@ -66,7 +67,7 @@ export function byAge(a: V1Pod, b: V1Pod): number {
   const ta = new Date(a.metadata?.creationTimestamp ?? 0).getTime();
   const tb = new Date(b.metadata?.creationTimestamp ?? 0).getTime();
   if (ta !== tb) return ta - tb;
-  const ka = `${a.metadata?.namespace}/${a.metadata?.name}`;
-  const kb = `${b.metadata?.namespace}/${b.metadata?.name}`;
+  const ka = keyOf(a);
+  const kb = keyOf(b);
   return ka < kb ? -1 : ka > kb ? 1 : 0;
 }

@@ -5,6 +5,7 @@
 import type { V1Pod } from '@kubernetes/client-node';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { guestProfile } from '../../../guest/profiles.ts';
+import { keyOf } from '../../../kube/key.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
 import type { Logger } from '../../../log.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
@@ -40,8 +41,6 @@ import { HIBERNATE_PREFIX } from './hibernate.ts';
 import { LifecycleError, restoreBringUp, WAKE_PREFIX, wakeOwed } from './restore.ts';
 import { scheduleOpRetry } from './retry.ts';
 import { dirBringUp, dropStaleFork, forkBringUp, planSource, type SourcePlan } from './sources.ts';
-
-export const keyOf = (pod: V1Pod) => `${pod.metadata?.namespace ?? ''}/${pod.metadata?.name ?? ''}`;
 
 function nameHeldMessage(vmName: string, holder: PodRecord): string {
   const vm = holder.vm ? ` (VM ${holder.vm.id})` : '';

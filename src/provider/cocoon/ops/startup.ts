@@ -16,6 +16,7 @@ import {
   VM_ID,
   VM_IP,
 } from '../../../contract/annotations.ts';
+import { keyOf } from '../../../kube/key.ts';
 import { seedFromAnnotations } from '../../../lifecycle/intent.ts';
 import { startTimeFromApi, statusFromApi } from '../../../lifecycle/status.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
@@ -38,7 +39,6 @@ import {
   setProbeReady,
 } from '../state.ts';
 import { adoptUnmanaged } from './adopt.ts';
-import { keyOf } from './create.ts';
 import { releaseLeases } from './delete.ts';
 import { HIBERNATE_PREFIX } from './hibernate.ts';
 import { scheduleOpRetry } from './retry.ts';

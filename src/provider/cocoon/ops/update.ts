@@ -12,6 +12,7 @@ import {
   VM_ID,
   VM_IP,
 } from '../../../contract/annotations.ts';
+import { keyOf } from '../../../kube/key.ts';
 import { echoGeneration } from '../../../lifecycle/intent.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import { decodeSpec, generationOf, logFor, type ProviderContext } from '../context.ts';
@@ -19,7 +20,7 @@ import { createInputsKey } from '../inputs.ts';
 import { flushIntent, reassertIfStale, warnOnce } from '../publication/lifecycle.ts';
 import { applyAnnotations, type PodRecord, retrack, setIntent, setSpec, unbindVm } from '../state.ts';
 import { adoptUnmanaged } from './adopt.ts';
-import { claim, keyOf, startBringUp } from './create.ts';
+import { claim, startBringUp } from './create.ts';
 import { driveOps } from './drive.ts';
 import { wakeOwed } from './restore.ts';
 

@@ -9,7 +9,7 @@ import type { ProviderContext } from '../context.ts';
 
 export type TakeOverEntry = Parameters<ProviderContext['ledger']['takeOver']>[0][number];
 
-import { keyOf } from './create.ts';
+import { keyOf } from '../../../kube/key.ts';
 
 /** The one-time upgrade rule (docs/security.md, "Upgrading from the Go daemon"): with no
  * ledger yet, a VM named by `vm.cocoonstack.io/id` on exactly one live managed pod of this
