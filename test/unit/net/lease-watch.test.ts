@@ -9,13 +9,8 @@ import { mkdir, mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import {
-  type DirWatcher,
-  LeaseFile,
-  type LeaseSnapshot,
-  resolveIp,
-  type WatchDir,
-} from '../../../src/net/leases.ts';
+import { type LeaseSnapshot, resolveIp } from '../../../src/net/lease-parse.ts';
+import { type DirWatcher, LeaseFile, type WatchDir } from '../../../src/net/leases.ts';
 
 const NEVER = 3_600_000; // a poll / wait bound no test waits for
 const T = { timeout: 20_000 };

@@ -6,13 +6,13 @@ import { after, before, describe, it } from 'node:test';
 import fc from 'fast-check';
 import {
   findLease,
-  LeaseFile,
   type LeaseSnapshot,
   normalizeMac,
   parseLeaseFile,
   parseRfc3339,
   resolveIp,
-} from '../../../src/net/leases.ts';
+} from '../../../src/net/lease-parse.ts';
+import { LeaseFile } from '../../../src/net/leases.ts';
 
 /** The lease file example of cocoon-cli.md §7.1, verbatim. */
 const EXAMPLE = `[

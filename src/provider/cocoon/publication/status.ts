@@ -4,7 +4,7 @@
 import type { V1PodStatus } from '@kubernetes/client-node';
 import type { LifecycleState } from '../../../contract/annotations.ts';
 import { computePodStatus } from '../../../lifecycle/status.ts';
-import { resolveIp } from '../../../net/leases.ts';
+import { resolveIp } from '../../../net/lease-parse.ts';
 import { monoNow, wallAt } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import type { ProviderContext } from '../context.ts';

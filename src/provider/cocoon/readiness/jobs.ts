@@ -17,7 +17,7 @@ import { attemptErrorMessage, joinAttemptErrors } from '../../../guest/attempts.
 import { FIXUP_RETRY_DELAY_MS, hintBase64, planFixup } from '../../../guest/postclone.ts';
 import { guestProfile } from '../../../guest/profiles.ts';
 import { IP_WAIT_POLL_MS, WINDOWS_RENEW_NUDGE_TIMEOUT_MS } from '../../../lifecycle/owed.ts';
-import { resolveIp } from '../../../net/leases.ts';
+import { resolveIp } from '../../../net/lease-parse.ts';
 import { pause } from '../../../util/deadline.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
