@@ -140,7 +140,33 @@ export function stripModule(ts: string, preProcessFile: PreProcess): Stripped {
   return { js: out + js.slice(at), packages };
 }
 
-const packageName = (spec: string) =>
+/** The runtime itself: a dependency (a checkout runs on `node_modules/.bin/node`) that no
+ * module imports; the release ships it as `runtime/node`. */
+export const RUNTIME_PACKAGE = 'node';
+
+/** package.json's `dependencies` against the packages the sources import at run time: they
+ * must be the same set (besides the runtime). `undefined` when they are; else what differs. */
+export function dependencyMismatch(
+  declared: readonly string[],
+  imported: Iterable<string>,
+): string | undefined {
+  const want = new Set([...imported].map(packageName));
+  const have = new Set(declared.filter((d) => d !== RUNTIME_PACKAGE));
+  const missing = [...want].filter((p) => !have.has(p)).sort();
+  const extra = [...have].filter((p) => !want.has(p)).sort();
+  if (missing.length === 0 && extra.length === 0) return undefined;
+  return (
+    'package.json "dependencies" must be exactly the packages src/ imports at run time (types-only and test packages are devDependencies): ' +
+    [
+      missing.length > 0 ? `imported but not dependencies: ${missing.join(', ')}` : '',
+      extra.length > 0 ? `dependencies nothing imports: ${extra.join(', ')}` : '',
+    ]
+      .filter(Boolean)
+      .join('; ')
+  );
+}
+
+export const packageName = (spec: string) =>
   spec
     .split('/')
     .slice(0, spec.startsWith('@') ? 2 : 1)
@@ -293,6 +319,15 @@ export function build(o: BuildOptions): string {
       `${sources.length} modules stripped (${textBefore} characters, ${textAfter} without comments); ` +
         `imported packages: ${[...roots].sort().join(', ')}`,
     );
+    const declared = Object.keys(
+      (
+        JSON.parse(readFileSync(join(repo, 'package.json'), 'utf8')) as {
+          dependencies?: Record<string, string>;
+        }
+      ).dependencies ?? {},
+    );
+    const mismatch = dependencyMismatch(declared, roots);
+    if (mismatch) throw new Error(mismatch);
 
     // Run-time dependencies, copied from the checkout's node_modules (installed by `npm ci`
     // from the same lock file): no registry access, no npm at build time either.

