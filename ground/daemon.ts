@@ -4,6 +4,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, openSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
+import { netControlSocket } from '../sim/netctl.ts';
 import type { ClusterState } from './cluster.ts';
 import { repoRoot } from './cluster.ts';
 import { nodeKubeconfig } from './node-identity.ts';
@@ -106,7 +107,11 @@ async function startDaemonOnce(o: DaemonOptions): Promise<Daemon> {
       VK_PEER_ADDR: `${nodeIp}:${peerPort}`,
       VK_STAGING_DIR: join(o.rootDir, 'vk-staging'),
       VK_COCOON_SNAPSHOT_DIR: join(o.rootDir, 'snapshot', 'localfile'),
-      VK_COCOON_NET_CONTROL_SOCKET: '',
+      // The simulator server's cocoon-net control socket (sim/netctl.ts): lease release on the
+      // production path. Without a server (detached hosts) there is none: release disabled.
+      VK_COCOON_NET_CONTROL_SOCKET: existsSync(netControlSocket(o.rootDir))
+        ? netControlSocket(o.rootDir)
+        : '',
       VK_TLS_CERT: join(o.rootDir, 'no-such-cert.crt'),
       VK_TLS_KEY: join(o.rootDir, 'no-such-cert.key'),
       VK_LOG_LEVEL: 'debug',

@@ -16,6 +16,7 @@ import path from 'node:path';
 import { imageDigestFor, type SnapshotRecord } from './db.ts';
 import type { Knobs } from './knob-schema.ts';
 import type { Lease } from './leases.ts';
+import { type NetControlRecord, netControlLog, netControlSocket } from './netctl.ts';
 
 export type { ImageRecord, SnapshotRecord, VmRecord } from './db.ts';
 export type { Knobs } from './knob-schema.ts';
@@ -297,6 +298,18 @@ export class SimRoot {
 
   calls(): CallRecord[] {
     return readJsonl<CallRecord>(path.join(this.root, 'sim', 'calls.jsonl'));
+  }
+
+  /** cocoon-net's control socket of this root (sim/netctl.ts) while the server serves it, else
+   * undefined (no server: set VK_COCOON_NET_CONTROL_SOCKET to ''). */
+  get netControlSocket(): string | undefined {
+    const socket = netControlSocket(this.root);
+    return this.serverPid !== undefined && fs.existsSync(socket) ? socket : undefined;
+  }
+
+  /** The requests the control socket answered, oldest first. */
+  netControlRequests(): NetControlRecord[] {
+    return readJsonl<NetControlRecord>(netControlLog(this.root));
   }
 
   guestCommands(): GuestCommand[] {

@@ -18,7 +18,8 @@ import net from 'node:net';
 import path from 'node:path';
 import { finished, Readable, Writable } from 'node:stream';
 import { gateOn, type Io, markServerProcess, runWithIo, type SimSignal, serverInfo, sleepOn } from './io.ts';
-import { resolveRoot } from './paths.ts';
+import { startNetControl } from './netctl.ts';
+import { leasesFile, resolveRoot } from './paths.ts';
 import { procStat } from './proc.ts';
 import { FrameReader, frame, type Hello, PROTOCOL_VERSION, socketName, T } from './protocol.ts';
 import { invoke, preloadVerbs } from './run.ts';
@@ -265,6 +266,8 @@ server.listen(socketName(root), () => {
   void (async () => {
     // Warm every verb module and persist the compile cache, so that no request pays for it.
     await preloadVerbs().catch((e: unknown) => log(`preload: ${(e as Error).message}`));
+    // cocoon-net's control socket (sim/netctl.ts): the daemon releases leases through it.
+    await startNetControl(root, leasesFile(root, process.env), log);
     module.flushCompileCache?.();
     process.stdout.write('ready\n');
     log(`serving ${root} (pid ${process.pid})`);

@@ -10,6 +10,7 @@ import { type Readable, Transform, type TransformCallback } from 'node:stream';
 import type { Descriptor } from './artifact.ts';
 import { networkError, RegistryError, statusError } from './errors.ts';
 import { blobPath } from './reference.ts';
+import { PIECE_BYTES } from './transfer.ts';
 import type { RegistryTransport } from './transport.ts';
 
 /** Range requests after a blob body was cut short, per blob read. */
@@ -19,13 +20,17 @@ export const BLOB_RESUMES = 3;
  * Verifies a blob while it streams: counts bytes (failing at the first byte past the
  * descriptor size — no trailing data), hashes with SHA-256, and at the end fails unless both
  * the size and the digest match. The failure arrives before `end`, so a consumer never takes
- * an unverified blob for complete.
+ * an unverified blob for complete. Chunks are gathered into pieces of {@link PIECE_BYTES}
+ * (the last one cut to the blob's end, so every piece is full once the blob's bytes are in).
  */
 class VerifyingStream extends Transform {
   readonly #digest: string;
   readonly #size: number;
   readonly #hash: Hash = createHash('sha256');
   #seen = 0;
+  /** The piece being gathered, and how much of it is filled. */
+  #piece: Buffer | undefined;
+  #filled = 0;
 
   constructor(digest: string, size: number) {
     super();
@@ -45,7 +50,25 @@ class VerifyingStream extends Transform {
       return;
     }
     this.#hash.update(chunk);
-    cb(null, chunk);
+    let at = 0;
+    while (at < chunk.length) {
+      if (this.#piece === undefined) {
+        // A chunk as large as a piece goes on as it is.
+        if (at === 0 && chunk.length >= PIECE_BYTES) break;
+        this.#piece = Buffer.allocUnsafe(
+          Math.min(PIECE_BYTES, this.#size - (this.#seen - chunk.length + at)),
+        );
+        this.#filled = 0;
+      }
+      const n = chunk.copy(this.#piece, this.#filled, at);
+      this.#filled += n;
+      at += n;
+      if (this.#filled === this.#piece.length) {
+        this.push(this.#piece);
+        this.#piece = undefined;
+      }
+    }
+    cb(null, at === 0 ? chunk : undefined);
   }
 
   override _flush(cb: TransformCallback): void {
@@ -58,6 +81,7 @@ class VerifyingStream extends Transform {
       cb(new RegistryError('integrity', `blob ${this.#digest}: digest mismatch (content hashes to ${got})`));
       return;
     }
+    // Every byte is in: the last piece, cut to the blob's end, has gone out full.
     cb();
   }
 }

@@ -9,30 +9,83 @@
 import { once } from 'node:events';
 import { createZstdDecompress } from 'node:zlib';
 import type { TarLayerEntry } from './import-plan.ts';
+import { PIECE_BYTES } from './transfer.ts';
+import { FrameCutter } from './zstd-frames.ts';
+
+type ZstdDecompress = ReturnType<typeof createZstdDecompress>;
 
 /**
- * Output buffer of a zstd (de)compressor. zlib's default (16 KiB) cuts every 64 KiB socket or
- * pipe read into several pieces, each a round trip through the thread pool and a chunk through
- * every stream after it: with the daemon's V8 flags (no optimizing JIT) that per-chunk cost was
- * most of a v2 transfer's CPU (docs/benchmarks.md "bench:transfer"). Pieces are slices of it.
+ * The decompressed bytes of one zstd stream (one or more frames). A truncated or corrupt stream
+ * throws. Each frame goes to a decompressor of its own (zstd-frames.ts): Node's zstd stream
+ * ends at the end of a frame unless its output buffer is full there, dropping what follows, so
+ * one decompressor decodes several frames only when each ends on a multiple of its output
+ * buffer. The output buffer is {@link PIECE_BYTES}: zlib's default (16 KiB) cut every input
+ * piece into several outputs, each a round trip through the thread pool.
  */
-export const ZSTD_CHUNK_BYTES = 1024 * 1024;
-
-/** The decompressed bytes of one zstd stream (one or more frames). A truncated or corrupt stream throws. */
 export async function* unzstd(source: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
-  const z = createZstdDecompress({ chunkSize: ZSTD_CHUNK_BYTES });
+  const frames = new FrameCutter();
+  /** The frames' decompressors in order, opened by the feeder and not yet read. */
+  const queue: ZstdDecompress[] = [];
+  let opened = 0;
+  let fed = false;
+  let failure: unknown;
+  let wake: (() => void) | undefined;
+  const notify = () => {
+    const w = wake;
+    wake = undefined;
+    w?.();
+  };
+  const open = (): ZstdDecompress => {
+    const z = createZstdDecompress({ chunkSize: PIECE_BYTES });
+    // It may fail before the reader gets to it; the reader's iteration then throws the error.
+    z.on('error', () => {});
+    queue.push(z);
+    opened++;
+    notify();
+    return z;
+  };
   const feeding = (async () => {
+    let z: ZstdDecompress | undefined;
     try {
-      for await (const chunk of source) if (!z.write(chunk)) await once(z, 'drain');
-      z.end();
+      for await (const chunk of source) {
+        for (let at = 0; at < chunk.length; ) {
+          z ??= open();
+          const { n, ended } = frames.take(chunk, at);
+          const piece = n === chunk.length ? chunk : chunk.subarray(at, at + n);
+          at += n;
+          if (n > 0 && !z.write(piece)) await once(z, 'drain');
+          if (ended) {
+            z.end();
+            z = undefined;
+          }
+        }
+      }
+      // No bytes at all: one decompressor fed nothing, which calls the stream truncated.
+      if (z !== undefined || opened === 0) (z ?? open()).end();
     } catch (error) {
-      z.destroy(error as Error);
+      failure = error;
+      z?.destroy(error as Error);
+    } finally {
+      fed = true;
+      notify();
     }
   })();
+  let reading: ZstdDecompress | undefined;
   try {
-    for await (const out of z) yield out as Buffer;
+    for (;;) {
+      while (queue.length === 0 && !fed) {
+        await new Promise<void>((resolve) => {
+          wake = resolve;
+        });
+      }
+      reading = queue.shift();
+      if (reading === undefined) break;
+      for await (const out of reading) yield out as Buffer;
+    }
+    if (failure !== undefined) throw failure;
   } finally {
-    z.destroy();
+    reading?.destroy();
+    for (const z of queue) z.destroy();
     await feeding;
   }
 }

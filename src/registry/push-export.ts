@@ -28,7 +28,7 @@ import {
 } from './artifact-write.ts';
 import type { StreamedBlob } from './blob-upload.ts';
 import type { LayerUploader, PushProgress, SpooledBlob } from './push-upload.ts';
-import { Hashing, MiB } from './transfer.ts';
+import { Hashing, MiB, PIECE_BYTES } from './transfer.ts';
 import { fileLayout, type SpoolBudget, type V2Format, writeV2File } from './v2-write.ts';
 
 /** Files remembered as present in a repository (see {@link knownFiles}). */
@@ -255,6 +255,9 @@ export class StreamedFile implements StreamedBlob {
   #failure: unknown;
   #wakeWriter: (() => void) | undefined;
   #digest: string | undefined;
+  /** The piece being gathered, and how much of it is filled. */
+  #gather: Buffer | undefined;
+  #gathered = 0;
   readonly #done: Promise<string>;
   #settle!: { resolve: (digest: string) => void; reject: (error: unknown) => void };
 
@@ -286,12 +289,35 @@ export class StreamedFile implements StreamedBlob {
     return this.#done;
   }
 
-  /** The export's next bytes; resolves when it may read on. */
+  /** The export's next bytes; resolves when it may read on. They are gathered into pieces of
+   * {@link PIECE_BYTES} (cut to the file's end) before they go to the upload. */
   async write(chunk: Buffer): Promise<void> {
+    if (this.#failure !== undefined) throw this.#failure;
     this.#hash.update(chunk);
+    const start = this.#written;
     this.#written += chunk.length;
     if (this.#written > this.size)
       throw new Error(`${this.label}: more than the ${this.size} bytes of its tar entry`);
+    if (this.#gather === undefined && chunk.length >= PIECE_BYTES) {
+      await this.#send(chunk);
+      return;
+    }
+    for (let at = 0; at < chunk.length; ) {
+      this.#gather ??= Buffer.allocUnsafe(Math.min(PIECE_BYTES, this.size - (start + at)));
+      const n = chunk.copy(this.#gather, this.#gathered, at);
+      this.#gathered += n;
+      at += n;
+      if (this.#gathered === this.#gather.length) {
+        const piece = this.#gather;
+        this.#gather = undefined;
+        this.#gathered = 0;
+        await this.#send(piece);
+      }
+    }
+  }
+
+  /** Hands bytes to the parts the upload asks for, waiting for it. */
+  async #send(chunk: Buffer): Promise<void> {
     let rest = chunk;
     while (rest.length > 0) {
       const part = this.#part;

@@ -5,6 +5,17 @@ import { Transform, type TransformCallback } from 'node:stream';
 
 export const MiB = 1024 * 1024;
 
+/**
+ * Bytes a transfer gathers before it hands them on (the blob verifier of a pull, a streamed or
+ * v2 file of a push), and the output buffer of its zstd (de)compressors. A socket or pipe read
+ * is at most 64 KiB (zlib's default output 16 KiB), and every chunk costs about the same in each
+ * stream, async iteration and thread-pool round trip after it whatever its size: with the
+ * daemon's V8 flags (no optimizing JIT) those per-chunk costs were most of a transfer's CPU
+ * (docs/benchmarks.md "bench:transfer"). Gathering costs one copy. Small enough that a piece is
+ * gone after a young-generation collection or two: a promoted buffer waits for a mark-compact.
+ */
+export const PIECE_BYTES = 256 * 1024;
+
 /** MiB per second, one decimal (0 for no time). */
 export function rate(bytes: number, seconds: number): number {
   return seconds > 0 ? Math.round((bytes / MiB / seconds) * 10) / 10 : 0;

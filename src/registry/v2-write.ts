@@ -12,9 +12,8 @@ import type { Writable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import { constants, createZstdCompress } from 'node:zlib';
 import { ZSTD_SUFFIX } from './artifact.ts';
-import { ZSTD_CHUNK_BYTES } from './entry-body.ts';
 import { CHUNK_COUNT_ANNOTATION, CHUNK_INDEX_ANNOTATION } from './import-plan.ts';
-import { Hashing, MiB } from './transfer.ts';
+import { Hashing, MiB, PIECE_BYTES } from './transfer.ts';
 
 /** Files smaller than this stay uncompressed (cocoon-common's threshold). */
 export const COMPRESS_MIN_BYTES = 1 * MiB;
@@ -146,7 +145,7 @@ export async function writeV2File(entry: AsyncIterable<Buffer>, o: WriteV2Option
     const out = createWriteStream(file, { flags: 'wx', mode: 0o600 });
     const zstd = o.layout.compress
       ? createZstdCompress({
-          chunkSize: ZSTD_CHUNK_BYTES,
+          chunkSize: PIECE_BYTES,
           params: {
             [constants.ZSTD_c_compressionLevel]: o.zstdLevel,
             [constants.ZSTD_c_checksumFlag]: 1,
@@ -188,6 +187,9 @@ export async function writeV2File(entry: AsyncIterable<Buffer>, o: WriteV2Option
     o.onBlob(blob);
   };
   let pos = 0;
+  // Bytes gathered for the sink (PIECE_BYTES, or to the end of the blob's range when nearer).
+  let gather: Buffer | undefined;
+  let gathered = 0;
   try {
     await open();
     for await (const chunk of entry) {
@@ -196,10 +198,24 @@ export async function writeV2File(entry: AsyncIterable<Buffer>, o: WriteV2Option
       while (buf.length > 0) {
         if (!current) throw new Error(`${o.title}: more than the ${o.size} bytes its tar header declares`);
         const take = Math.min(buf.length, current.end - pos);
-        await write(current.sink, take === buf.length ? buf : buf.subarray(0, take));
-        o.onBytes(take);
-        pos += take;
-        buf = buf.subarray(take);
+        let n: number;
+        if (gather === undefined && take >= PIECE_BYTES) {
+          n = take;
+          await write(current.sink, take === buf.length ? buf : buf.subarray(0, take));
+        } else {
+          gather ??= Buffer.allocUnsafe(Math.min(PIECE_BYTES, current.end - pos));
+          n = buf.copy(gather, gathered, 0, take);
+          gathered += n;
+          if (gathered === gather.length) {
+            const piece = gather;
+            gather = undefined;
+            gathered = 0;
+            await write(current.sink, piece);
+          }
+        }
+        o.onBytes(n);
+        pos += n;
+        buf = buf.subarray(n);
         if (pos === current.end) {
           await close();
           if (k + 1 < count) await open();

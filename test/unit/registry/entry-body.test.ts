@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { once } from 'node:events';
 import { describe, it } from 'node:test';
-import { zstdCompressSync } from 'node:zlib';
+import { constants, createZstdCompress, zstdCompressSync } from 'node:zlib';
 import { EntryBodyError, entryBody, unzstd } from '../../../src/registry/entry-body.ts';
 import type { TarLayerEntry } from '../../../src/registry/import-plan.ts';
 
@@ -83,5 +85,71 @@ describe('entryBody (registry.md §4.4: chunks decompressed and concatenated in 
     const out: Buffer[] = [];
     for await (const c of unzstd(pieces(Buffer.concat([z[0]!.bytes, z[1]!.bytes]), 100))) out.push(c);
     assert.ok(Buffer.concat(out).equals(data.subarray(0, 2 * CHUNK)));
+  });
+
+  describe('unzstd: frames of any size back to back (Node ends its zstd stream after a frame whose output does not fill its buffer)', () => {
+    /** A frame of `data` written as a stream: no content size, a window descriptor, a checksum. */
+    async function streamedFrame(data: Buffer): Promise<Buffer> {
+      const z = createZstdCompress({ params: { [constants.ZSTD_c_checksumFlag]: 1 } });
+      const out: Buffer[] = [];
+      z.on('data', (c: Buffer) => out.push(c));
+      z.end(data);
+      await once(z, 'end');
+      return Buffer.concat(out);
+    }
+    const skippable = (n: number) => {
+      const b = randomBytes(8 + n);
+      b.writeUInt32LE(0x184d2a53, 0);
+      b.writeUInt32LE(n, 4);
+      return b;
+    };
+    async function decode(stream: Buffer, piece: number): Promise<Buffer> {
+      const out: Buffer[] = [];
+      for await (const c of unzstd(pieces(stream, piece))) out.push(c);
+      return Buffer.concat(out);
+    }
+
+    it('raw, RLE and compressed blocks; with and without content size and checksum; a skippable frame between', async () => {
+      const parts = [
+        randomBytes(1000),
+        Buffer.alloc(300_000, 7),
+        file(2000),
+        randomBytes(66_770),
+        file(200_001),
+        Buffer.alloc(0),
+        randomBytes(20_000),
+      ];
+      const frames = [
+        zstdCompressSync(parts[0]!),
+        await streamedFrame(parts[1]!),
+        zstdCompressSync(parts[2]!, { params: { [constants.ZSTD_c_checksumFlag]: 1 } }),
+        skippable(10),
+        zstdCompressSync(parts[3]!),
+        await streamedFrame(parts[4]!),
+        zstdCompressSync(parts[5]!),
+        skippable(0),
+        zstdCompressSync(parts[6]!, { params: { [constants.ZSTD_c_compressionLevel]: 19 } }),
+      ];
+      const stream = Buffer.concat(frames);
+      const want = Buffer.concat(parts);
+      for (const piece of [13, 4096, 65_536, stream.length]) {
+        const got = await decode(stream, piece);
+        assert.equal(got.length, want.length, `pieces of ${piece}`);
+        assert.ok(got.equals(want), `pieces of ${piece}`);
+      }
+    });
+
+    it('the second frame cut short: truncated; bytes after a frame that are not one: not zstd; nothing: truncated', async () => {
+      const a = zstdCompressSync(randomBytes(5000));
+      const b = zstdCompressSync(randomBytes(70_000));
+      await assert.rejects(decode(Buffer.concat([a, b.subarray(0, b.length - 10)]), 4096), {
+        code: 'Z_BUF_ERROR',
+      });
+      await assert.rejects(
+        decode(Buffer.concat([a, Buffer.from('not a zstd frame at all')]), 4096),
+        (e: Error) => /Unknown frame descriptor/.test(e.message),
+      );
+      await assert.rejects(decode(Buffer.alloc(0), 4096), { code: 'Z_BUF_ERROR' });
+    });
   });
 });
