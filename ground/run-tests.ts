@@ -51,6 +51,7 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/registry-pull.test.ts': { estimate: 45 },
   'test/integration/vm-events.test.ts': { estimate: 40 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
+  'test/integration/lease-release.test.ts': { estimate: 10 },
   // Two hosts; three deletes during an outage, a restart each for two (12 s alone).
   'test/integration/deferred-push.test.ts': { estimate: 20 },
   // With a 1 GiB blob uploaded, then read through a cut at 50 % (about 15 s of it).
