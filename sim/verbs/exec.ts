@@ -1,7 +1,9 @@
 // `vm exec [-i] [-e K=V]... <vm> -- <argv...>` (cocoon-cli.md §2, §8.4): guest commands are
 // answered by knob rules, then built-in rules for the provider's exact fixup commands
-// (lifecycle.md §6.3, §6.4, §7.2), then the default (exit 0, no output). Every command is
-// recorded in <root>/sim/guest.jsonl. The exit status is the guest's.
+// (lifecycle.md §6.3, §6.4, §7.2) and a few plain commands. Any other command fails as a
+// guest's shell fails a command it does not have: exit 127, `<cmd>: command not found` on
+// stderr (`notFound`). Every command is recorded in <root>/sim/guest.jsonl. The exit status is
+// the guest's.
 import fs from 'node:fs';
 import { bool, type CommandSpec, type Parsed, strs } from '../cli.ts';
 import { type Ctx, hangForever, type Verb } from '../ctx.ts';
@@ -71,6 +73,12 @@ function builtin(
 ): Outcome | undefined {
   const ok = (stdout = '', effect: Effect = 'none'): Outcome => ({ exit: 0, stdout, stderr: '', effect });
   const [cmd, ...rest] = argv;
+  // A Linux guest has no powershell or cmd, a Windows guest no sh: the fixup of the other
+  // OS fails there as the guest's shell fails it (notFound).
+  const windows = g?.windows ?? vm.config.windows === true;
+  if (windows && cmd === 'sh') return undefined;
+  if (!windows && (cmd === 'powershell' || cmd?.toLowerCase() === 'cmd' || cmd?.toLowerCase() === 'ipconfig'))
+    return undefined;
   if (
     cmd === 'powershell' &&
     rest.length === 3 &&
@@ -222,7 +230,7 @@ async function exec(ctx: Ctx, p: Parsed): Promise<number> {
     };
     break;
   }
-  outcome ??= builtin(argv, vm, guest, stdin) ?? { exit: 0, stdout: '', stderr: '', effect: 'none' };
+  outcome ??= builtin(argv, vm, guest, stdin) ?? notFound(argv, guest?.windows ?? vm.config.windows === true);
   applyEffect(ctx, vm, outcome.effect, argv);
   const stdout = outcome.stdout + (outcome.late ? outcome.late(readGuest(ctx.root, vm.id)) : '');
   if (stdout) ctx.io.stdout.write(stdout);
@@ -236,6 +244,23 @@ async function exec(ctx: Ctx, p: Parsed): Promise<number> {
     ...(ruleIndex !== undefined ? { rule: ruleIndex } : {}),
   });
   return outcome.exit;
+}
+
+/** The interpreters each guest OS has (the fixups run through them). */
+const INTERPRETERS = { linux: ['sh'], windows: ['powershell', 'cmd'] } as const;
+
+/** A command no knob rule or built-in models: exit 127, never a quiet success. A command the
+ * guest does not have gets what its shell says (cmd.exe on a Windows guest, a POSIX shell on a
+ * Linux one); a script for an interpreter it has, one the simulator cannot run, says so. */
+export function notFound(argv: readonly string[], windows: boolean): Outcome {
+  const cmd = argv[0] ?? '';
+  const has = (INTERPRETERS[windows ? 'windows' : 'linux'] as readonly string[]).includes(cmd.toLowerCase());
+  const stderr = has
+    ? `${cmd}: the simulated guest cannot run this (no knob rule or built-in models it; docs/simulator.md)\n`
+    : windows
+      ? `'${cmd}' is not recognized as an internal or external command,\r\noperable program or batch file.\r\n`
+      : `sh: 1: ${cmd}: not found\n`;
+  return { exit: 127, stdout: '', stderr, effect: 'none' };
 }
 
 export const verbs: Record<string, Verb> = { exec: { spec, run: exec } };

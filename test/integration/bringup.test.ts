@@ -171,6 +171,34 @@ describe('clone', () => {
   });
 });
 
+describe('a guest that cannot run the fixup', () => {
+  test('the guest`s own stderr reaches the attempt errors (a Windows pod on a Linux snapshot: no powershell)', async () => {
+    await create('fixup-no-sh', {
+      'vm.cocoonstack.io/name': 'vk-b-no-sh',
+      'cocoonset.cocoonstack.io/image': 'acme/agent',
+      'cocoonset.cocoonstack.io/os': 'windows',
+      'cocoonset.cocoonstack.io/managed': 'true',
+    });
+    // Each failed attempt is a Warning with the guest's own output (post-clone.md, attempts).
+    let message = '';
+    await waitFor(
+      'a PostCloneExecAttemptFailed event',
+      async () => {
+        message =
+          (await events('fixup-no-sh')).find((e) => e.reason === 'PostCloneExecAttemptFailed')?.message ?? '';
+        return message !== '';
+      },
+      30_000,
+      200,
+    );
+    assert.match(message, /^attempt 1: exit status 127 \(output: sh: 1: powershell: not found\)/);
+    const p = await w.core.readNamespacedPod({ namespace: w.namespace, name: 'fixup-no-sh' });
+    assert.equal(lifecycle(p), 'creating', 'never ready on a fixup the guest could not run');
+    await w.core.deleteNamespacedPod({ namespace: w.namespace, name: 'fixup-no-sh' });
+    await waitForPodGone(w.core, w.namespace, 'fixup-no-sh', 60_000);
+  });
+});
+
 describe('run mode', () => {
   test('image pull then vm run with CPU, memory, storage and --windows flags', async () => {
     await create(

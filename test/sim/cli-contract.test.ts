@@ -217,6 +217,18 @@ describe('cocoon simulator CLI contract', { concurrency: 1 }, () => {
     assert.deepEqual([fail.code, fail.stderr], [1, '']);
     const cat = await sim.run(['vm', 'exec', '-i', vm.id, '--', 'cat'], { stdin: 'piped input' });
     assert.equal(cat.stdout, 'piped input');
+    // What no rule or built-in models fails (127), never a quiet success.
+    const unknown = await sim.run(['vm', 'exec', vm.id, '--', 'uname', '-a']);
+    assert.deepEqual([unknown.code, unknown.stdout, unknown.stderr], [127, '', 'sh: 1: uname: not found\n']);
+    const pwsh = await sim.run(['vm', 'exec', vm.id, '--', 'powershell', '-nop', '-c', 'Get-Date']);
+    assert.deepEqual(
+      [pwsh.code, pwsh.stderr],
+      [127, 'sh: 1: powershell: not found\n'],
+      'no powershell on Linux',
+    );
+    const script = await sim.run(['vm', 'exec', vm.id, '--', 'sh', '-c', 'ls /']);
+    assert.equal(script.code, 127);
+    assert.match(script.stderr, /^sh: the simulated guest cannot run this/);
     const noDash = await sim.run(['vm', 'exec', vm.id, 'echo']);
     assert.equal(noDash.code, 1);
     assert.match(noDash.stderr, /^Error: .*"--"/);

@@ -112,8 +112,16 @@ describe('simulated guest: DHCP, exec effects, SAC', { concurrency: 1 }, () => {
     assert.equal(sim.leaseFor(mac0(vm)), undefined, 'expired');
     const row = sim.leases().find((l) => l.mac === mac0(vm));
     assert.ok(row && Date.parse(row.expiry) < Date.now(), 'an expired row may linger');
-    // A renew re-grants the same address.
-    const renew = await sim.run(['vm', 'exec', vm.id, '--', 'cmd', '/c', 'ipconfig', '/renew']);
+    // A renew (a Linux guest's networkd restart) re-grants the same address.
+    const renew = await sim.run([
+      'vm',
+      'exec',
+      vm.id,
+      '--',
+      'sh',
+      '-c',
+      'systemctl restart systemd-networkd',
+    ]);
     assert.equal(renew.code, 0);
     assert.equal(sim.leaseFor(mac0(vm))?.ip, before.ip);
     for (const l of sim.leases()) await sim.run(['__sim', 'release-lease', l.mac]);
@@ -147,7 +155,7 @@ describe('simulated guest: DHCP, exec effects, SAC', { concurrency: 1 }, () => {
     assert.ok(sim.leaseFor(mac0(vm)), 'the lease follows the fixed MAC');
     const host = await sim.run(['vm', 'exec', vm.id, '--', 'hostname']);
     assert.equal(host.stdout, 'vk-fc\n');
-    assert.equal(sim.guestCommands().filter((g) => g.effect === 'linuxFixup').length, 2);
+    assert.equal(sim.guestCommands().filter((g) => g.effect === 'linuxFixup' && g.vmId === vm.id).length, 2);
     await sim.mergeKnobs({ dhcp: null });
   });
 
@@ -199,8 +207,18 @@ describe('simulated guest: DHCP, exec effects, SAC', { concurrency: 1 }, () => {
     await sleep(400);
     assert.equal(sim.leaseFor(mac0(vm)), undefined);
     const wrong = PNP.replace(' -PresentOnly', '');
-    await sim.run(['vm', 'exec', vm.id, '--', 'powershell', '-nop', '-c', wrong]);
+    const miss = await sim.run(['vm', 'exec', vm.id, '--', 'powershell', '-nop', '-c', wrong]);
+    assert.equal(miss.code, 127, 'a script nothing models fails');
     assert.equal(sim.leaseFor(mac0(vm)), undefined);
+    const sh = await sim.run(['vm', 'exec', vm.id, '--', 'sh', '-c', 'systemctl restart systemd-networkd']);
+    assert.deepEqual(
+      [sh.code, sh.stderr],
+      [
+        127,
+        "'sh' is not recognized as an internal or external command,\r\noperable program or batch file.\r\n",
+      ],
+      'no sh on Windows',
+    );
     await sim.run(['vm', 'exec', vm.id, '--', 'powershell', '-nop', '-c', PNP]);
     assert.ok(sim.leaseFor(mac0(vm)));
     assert.ok(sim.leaseFor(vm.network_configs?.[1]?.mac as string), 'every DHCP NIC gets a lease');
