@@ -245,7 +245,7 @@ describe('cocoon simulator CLI contract', { concurrency: 1 }, () => {
     assert.ok(inspect);
     assert.equal(inspect.exit, 1);
     assert.equal(inspect.stdinBytes, 0);
-    assert.ok(inspect.durationMs >= 0);
+    assert.ok(Number.isInteger(inspect.durationMs) && inspect.durationMs >= 0, String(inspect.durationMs));
     assert.ok(!Number.isNaN(Date.parse(inspect.startedAt)));
     assert.deepEqual(Object.keys(inspect), ['argv', 'exit', 'startedAt', 'durationMs', 'stdinBytes']);
     const cat = calls.find((c) => c.argv.includes('cat'));

@@ -104,11 +104,12 @@ describe('SpdySession', () => {
     await waitFor(() => p.server.closed, 2000, 'server close');
   });
 
-  it('answers pings in both directions', async () => {
+  it('answers pings in both directions; a closed session refuses one', async () => {
     const p = await sessionPair();
-    assert.ok((await p.client.ping()) >= 0);
-    assert.ok((await p.server.ping()) >= 0);
+    // Each resolves only when the peer echoed its PING (a round trip, measured).
+    for (const rtt of [await p.client.ping(), await p.server.ping()]) assert.ok(Number.isFinite(rtt));
     p.client.destroy();
+    await assert.rejects(p.client.ping(), /SPDY session closed/);
   });
 
   it('peer RST ends the readable side and turns later writes into no-ops', async () => {
