@@ -20,6 +20,8 @@ if [ ! -x node_modules/.bin/node ] || [ "$(cat node_modules/.vk-lock-hash 2>/dev
 fi
 v="$(node_modules/.bin/node --version)"
 case "$v" in v24.*) ;; *) say "node_modules/.bin/node is $v, expected v24"; exit 1 ;; esac
+# Unit tests need Node.js 24 and the npm packages only (scripts/test.sh sets this for them).
+if [ -n "${VK_SETUP_NODE_ONLY:-}" ]; then exit 0; fi
 if ! command -v docker-registry >/dev/null; then
   say "installing Debian's docker-registry"
   if [ "$(id -u)" = 0 ]; then

@@ -8,6 +8,17 @@ set -euo pipefail
 export VK_SUITE_T0="${VK_SUITE_T0:-$(date +%s%3N)}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+# Unit test files only (`npm test -- test/unit/x.test.ts`): no cluster, registry, simulator or
+# Go build is needed, so only the npm packages (with Node.js 24) are installed, and the files
+# run under node --test directly.
+if [ $# -gt 0 ]; then
+  unit_only=1
+  for a in "$@"; do case "$a" in test/unit/*) ;; *) unit_only= ;; esac; done
+  if [ -n "$unit_only" ]; then
+    VK_SETUP_NODE_ONLY=1 bash scripts/setup.sh
+    exec node_modules/.bin/node --test --test-reporter=spec "$@"
+  fi
+fi
 bash scripts/setup.sh
 export PATH="$root/node_modules/.bin:$PATH"
 node -e 'console.log(`node ${process.version}`); if (!process.version.startsWith("v24.")) process.exit(1)'
