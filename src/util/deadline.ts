@@ -118,3 +118,15 @@ export function untilAborted<T>(p: Promise<T>, signal: AbortSignal | undefined):
     );
   });
 }
+
+/** `AbortSignal.timeout(ms)` on a plain (unref'd) `setTimeout`, so tests with mock timers can
+ * expire it without waiting; it aborts with the same `TimeoutError` DOMException. */
+export function timeoutSignal(ms: number): AbortSignal {
+  const ac = new AbortController();
+  const timer = setTimeout(
+    () => ac.abort(new DOMException('The operation was aborted due to timeout', 'TimeoutError')),
+    Math.max(0, ms),
+  );
+  timer.unref?.();
+  return ac.signal;
+}

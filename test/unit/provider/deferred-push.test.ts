@@ -149,6 +149,36 @@ describe('a push that would outlast the grace period', () => {
   });
 });
 
+describe('a force-deleted pod that holds a VM (grace period 0)', () => {
+  test('the VM is removed at once; with a snapshot policy its state is saved and the push deferred', async () => {
+    h = withStore();
+    const { pod, vm } = await readyPod(h, 'f-0');
+    const forced = {
+      ...deleting(pod, 0),
+      metadata: { ...deleting(pod, 0).metadata, deletionGracePeriodSeconds: 0 },
+    };
+    await h.provider.deletePod(forced);
+    assert.ok(!h.cocoon.vms.has(vm.id), 'the VM is removed');
+    assert.equal(h.provider.getPod('ns', 'f-0'), undefined);
+    assert.ok(!store!.calls.some((c) => c.startsWith('push ')), 'no push waited for');
+    assert.ok(h.cocoon.snapshots.has('vk-f-0'), 'the state is saved first');
+    assert.match(h.ledger.pendingPush('vk-f-0')?.lastError ?? '', /grace period leaves no time/);
+  });
+
+  test('without a snapshot policy nothing is saved: the VM and its leases go', async () => {
+    h = withStore();
+    if (!h.cocoon.snapshots.has('acme/agent')) h.cocoon.snapshot('acme/agent');
+    const pod = clonePod('f-1', { 'cocoonset.cocoonstack.io/snapshot-policy': 'never' });
+    await h.provider.createPod(pod);
+    await until('bound', () => !!h!.provider.getPod('ns', 'f-1')?.metadata?.annotations?.[VM_ID]);
+    const vm = [...h.cocoon.vms.values()].find((v) => v.name === 'vk-f-1') as FakeVm;
+    await h.provider.deletePod(deleting(pod, 0));
+    assert.ok(!h.cocoon.vms.has(vm.id));
+    assert.equal(h.cocoon.callsOf('snapshot save').length, 0);
+    assert.equal(h.ledger.size().pushes, 0);
+  });
+});
+
 describe('never over newer state', () => {
   async function pendingFor(name: string): Promise<Harness> {
     const hh = withStore();

@@ -9,6 +9,7 @@
 // both gone while no complete snapshot exists; a daemon killed at any phase re-runs the
 // hibernate from the running VM, or confirms `hibernated` from the registry.
 import { execArgv, netArgv } from '../../../cocoon/argv.ts';
+import { timeoutSignal } from '../../../util/deadline.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { checkPush, enforce, ownerOfRec, podRef, pushStamps } from '../authority.ts';
 import { logFor, type ProviderContext } from '../context.ts';
@@ -90,7 +91,7 @@ async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: Hiberna
     if (rec.hibernate === op) setHibernateOp(rec, next);
     op = next;
     const left = Math.max(0, (op.deadlines[phase] ?? monoNow()) - monoNow());
-    return AbortSignal.any([op.abort.signal, ctx.lifetime, AbortSignal.timeout(left)]);
+    return AbortSignal.any([op.abort.signal, ctx.lifetime, timeoutSignal(left)]);
   };
   const vmId = op.vmId;
   try {
