@@ -94,6 +94,20 @@ async function deleteDuringOutage(name: string): Promise<void> {
   assert.ok(late <= 1500, `the pod went ${late} ms after its grace period ended`);
 }
 
+/** A ready pod on A deleted during an outage, then A's daemon stopped and the registry back:
+ * the push is pending in A's ledger. */
+async function deferredThenStopped(name: string): Promise<void> {
+  await create(name, A, POLICY);
+  await waitReady(name);
+  await proxy.down();
+  try {
+    await deleteDuringOutage(name);
+    await A.daemon.stop();
+  } finally {
+    await proxy.up();
+  }
+}
+
 test('the registry down at delete: the pod goes within its grace period, the state is pushed when the registry returns', async () => {
   const name = 'out-0';
   const vm = `vk-${name}`;
@@ -125,15 +139,7 @@ test('the registry down at delete: the pod goes within its grace period, the sta
 test('across a restart: the pending push survives the daemon and lands at its start', async () => {
   const name = 'out-1';
   const vm = `vk-${name}`;
-  await create(name, A, POLICY);
-  await waitReady(name);
-  await proxy.down();
-  try {
-    await deleteDuringOutage(name);
-    await A.daemon.stop();
-  } finally {
-    await proxy.up();
-  }
+  await deferredThenStopped(name);
   assert.equal(await latest(vm), 'absent', 'nothing pushed while the daemon was down');
   await startA();
   await waitFor(
@@ -148,15 +154,7 @@ test('across a restart: the pending push survives the daemon and lands at its st
 test('not pushed when the identity was recreated on another host and woke there meanwhile', async () => {
   const name = 'out-2';
   const vm = `vk-${name}`;
-  await create(name, A, POLICY);
-  await waitReady(name);
-  await proxy.down();
-  try {
-    await deleteDuringOutage(name);
-    await A.daemon.stop();
-  } finally {
-    await proxy.up();
-  }
+  await deferredThenStopped(name);
   // The identity lives on on B: recreated, hibernated (B pushes <vm>:hibernate), woken.
   await create(name, B);
   await waitReady(name);
