@@ -8,6 +8,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
+import { setTimeout as sleep } from 'node:timers/promises';
 import type { V1Pod } from '@kubernetes/client-node';
 import { vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
@@ -480,16 +481,20 @@ test('SIGKILL between the VM removal and `hibernated`: the restart confirms hibe
   const name = 'kill-rm';
   const vmName = `vk-${name}`;
   await readyPod(name);
-  await w.simulator.mergeKnobs({ latency: { 'vm rm': 3000 } });
+  await w.simulator.mergeKnobs({ latency: { 'vm rm': 8000 } });
   await annotate(w.core, w.namespace, name, { [HIBERNATE]: 'true' });
-  // The commit: the id is cleared on the pod, then `vm rm` (held 3 s).
+  // The commit: the id is cleared on the pod, then `vm rm` (held 8 s). The daemon issues the
+  // rm once the id write has returned to it, which a loaded machine can delay past the moment
+  // the test sees the id gone: the kill waits 3 s more, well inside the rm (it cannot have
+  // ended by then), so it lands between the removal's start and `hibernated`.
   await waitForPod(w.core, w.namespace, name, 'id cleared', (p) => vmIdOf(p) === '', 30_000);
+  await sleep(3000);
   await kill();
   const mid = await read(name);
   assert.equal(lifecycle(mid), 'hibernating');
   assert.equal(await tagStatus(vmName), 200, 'the manifest came before the id went');
   // The killed daemon's `vm rm` finishes on its own.
-  await waitFor('the VM removed', async () => (await simVmRecord(w, vmName)) === undefined, 20_000, 200);
+  await waitFor('the VM removed', async () => (await simVmRecord(w, vmName)) === undefined, 30_000, 200);
   const mark = w.simulator.calls().length;
   await w.restart(env);
   await assertHibernated(await waitState(name, 'hibernated', 60_000), vmName);
