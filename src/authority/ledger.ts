@@ -67,7 +67,7 @@ const FileSchema = v.object({
   /** VM names whose bring-up is a CH+Windows restore (no PnP fixup after a restart). */
   restores: v.record(v.string(), v.object({ vmId: v.string(), at: v.string() })),
   /** Deferred delete-time pushes by local snapshot name (absent in files written before them). */
-  pushes: v.optional(v.record(v.string(), PushSchema), {}),
+  pushes: v.optional(v.record(v.string(), PushSchema), () => ({})),
 });
 type LedgerFile = v.InferOutput<typeof FileSchema>;
 

@@ -168,7 +168,8 @@ export function renderText(r: ExplainReport, now: Date): string {
       ),
     );
   }
-  if (r.deferredError)
+  // An unreadable ledger matters where a deferred push may be waiting: a deleted pod.
+  if (r.deferredError && (!p.found || p.deleting))
     out.push(...field('Deferred', `(the ledger could not be read: ${oneLine(r.deferredError)})`));
   const pc = r.postClone;
   if (pc.state || pc.hint || pc.errors.length > 0) {
