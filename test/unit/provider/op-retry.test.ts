@@ -28,7 +28,10 @@ afterEach(() => {
 test('the delays: 15 s doubling to 5 min, then 5 min', () => {
   const seen: number[] = [];
   let d: number | undefined;
-  for (let i = 0; i < 8; i++) seen.push((d = nextOpRetryDelay(d)) / 1000);
+  for (let i = 0; i < 8; i++) {
+    d = nextOpRetryDelay(d);
+    seen.push(d / 1000);
+  }
   assert.deepEqual(seen, [15, 30, 60, 120, 240, 300, 300, 300]);
   assert.equal(OP_RETRY_BASE_MS, 15_000);
   assert.equal(OP_RETRY_MAX_MS, 300_000);
