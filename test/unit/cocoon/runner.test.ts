@@ -62,21 +62,24 @@ test('an abort while queued rejects at once and frees the waiter', async (t) => 
   const next = c.run(['wait', '0', 'next'], { timeoutMs: 10_000 });
   assert.equal(c.waiting, 2);
   await sleep(50);
-  const t0 = performance.now();
+  let holderDone = false;
+  void holder.then(() => {
+    holderDone = true;
+  });
   ac.abort();
   const err = await aborted.catch((e: unknown) => e);
-  const ms = performance.now() - t0;
   assert.ok(err instanceof CocoonCommandError, String(err));
   assert.match(err.message, /^cocoon wait 0: aborted \(waited \d+ ms for a free slot\)$/);
-  assert.ok(ms < 100, `abort took ${ms} ms to reject`);
+  // At once: while the holder (0.6 s) still has the slot, not when the slot comes free.
+  assert.equal(holderDone, false, 'rejected before the slot came free');
   assert.equal(c.waiting, 1);
   await holder;
   await next;
   assert.deepEqual(fake.started(), ['holder', 'next']);
-  // No slot leaked: the pool still runs a call at once.
-  const t1 = performance.now();
-  await c.run(['wait', '0', 'after'], { timeoutMs: 10_000 });
-  assert.ok(performance.now() - t1 < 1000);
+  // No slot leaked: the pool still gives a call a slot at once (it never queues).
+  const after = c.run(['wait', '0', 'after'], { timeoutMs: 10_000 });
+  assert.equal(c.waiting, 0, 'not queued');
+  await after;
 });
 
 test('waiting high-priority calls get a free slot before normal ones', async (t) => {
