@@ -38,7 +38,7 @@ import { installTeardown, openPidRegistry } from './proc.ts';
 const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/soak.test.ts': { estimate: 280 },
   'test/integration/lifecycle.test.ts': { estimate: 205 },
-  'test/integration/explain.test.ts': { estimate: 155 },
+  'test/integration/explain.test.ts': { estimate: 125 },
   'test/integration/virtual-node.test.ts': { estimate: 180 },
   'test/integration/sac.test.ts': { estimate: 130 },
   'test/integration/hardening.test.ts': { estimate: 105 },
@@ -53,9 +53,9 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
   'test/integration/lease-release.test.ts': { estimate: 10 },
   // Two hosts; three deletes during an outage, a restart each for two (12 s alone).
-  'test/integration/deferred-push.test.ts': { estimate: 20 },
-  // With a 1 GiB blob uploaded, then read through a cut at 50 % (about 15 s of it).
-  'test/integration/registry-push.test.ts': { estimate: 30 },
+  'test/integration/deferred-push.test.ts': { estimate: 25 },
+  // With a 1 GiB blob uploaded, then read through a cut at 50 % (20–37 s of it).
+  'test/integration/registry-push.test.ts': { estimate: 45 },
   // oras uploads of hand-made v2 vectors, clones and a wake from them (11 s alone).
   'test/integration/registry-v2.test.ts': { estimate: 15 },
   'test/integration/run-artifacts.test.ts': { estimate: 15 },
@@ -68,8 +68,9 @@ const PROFILE: Record<string, { estimate: number }> = {
   // Three hosts, a pod on each, kill/killHost/stopFleet, both registries (13-15 s alone).
   'test/integration/fleet.test.ts': { estimate: 20 },
   'test/integration/writes.test.ts': { estimate: 25 },
-  // Builds the release (≈ 20 s, mostly gzip) unless dist/ has the artifact of unchanged inputs (7 s).
-  'test/integration/release.test.ts': { estimate: 25 },
+  // Builds the release (20–40 s, mostly gzip) unless dist/ has the artifact of unchanged inputs
+  // (7 s), and an `npm ci --omit=dev` copy of the checkout (6–27 s: Node.js 24's own install).
+  'test/integration/release.test.ts': { estimate: 90 },
   'test/integration/scheduling.test.ts': { estimate: 20 },
   'test/integration/ground.test.ts': { estimate: 15 },
 };

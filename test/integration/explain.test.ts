@@ -39,7 +39,7 @@ before(async () => {
   });
   // A shorter fixup budget than the default 180 s (its own contract is tested in
   // lifecycle.test.ts): long enough for "still creating" to see the exhaust pod mid-fixup.
-  await w.restart({ VK_FIXUP_BUDGET_SECONDS: '90' });
+  await w.restart({ VK_FIXUP_BUDGET_SECONDS: '60' });
   const pods: [string, Record<string, string>][] = [
     ['ready', { 'vm.cocoonstack.io/name': 'vk-x-ready', 'cocoonset.cocoonstack.io/image': 'ex/dhcp' }],
     ['exhaust', { 'vm.cocoonstack.io/name': 'vk-x-exhaust', 'cocoonset.cocoonstack.io/image': 'ex/static' }],
