@@ -64,6 +64,9 @@ export function leaseOptions(knobs: Knobs): LeaseOptions {
   };
 }
 
+/** A MAC as the lease file and cocoon-net's API write it: six lower-case hex pairs. */
+export const LEASE_MAC = /^([0-9a-f]{2}:){5}[0-9a-f]{2}$/;
+
 /** Reads, mutates and rewrites the lease file under its lock; sweeps long-expired entries. */
 export function updateLeases<T>(
   file: string,

@@ -9,14 +9,13 @@ import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import { loadKnobs } from './knobs.ts';
-import { leaseOptions, releaseIn, updateLeases } from './leases.ts';
+import { LEASE_MAC, leaseOptions, releaseIn, updateLeases } from './leases.ts';
 
 /** Where a root's control socket lives. */
 export const netControlSocket = (root: string) => path.join(root, 'net', 'control.sock');
 /** The record of every request. */
 export const netControlLog = (root: string) => path.join(root, 'sim', 'net-control.jsonl');
 
-const MAC = /^([0-9a-f]{2}:){5}[0-9a-f]{2}$/;
 const LEASE_PATH = /^\/v1\/leases\/([^/?]+)$/;
 
 export interface NetControlRecord {
@@ -62,7 +61,7 @@ export async function startNetControl(
     if (method !== 'DELETE') return answer(405);
     const asked = decodeURIComponent(m[1] ?? '').toLowerCase();
     mac = asked;
-    if (!MAC.test(asked)) return answer(400);
+    if (!LEASE_MAC.test(asked)) return answer(400);
     loadKnobs(root)
       .then((knobs) =>
         answer(

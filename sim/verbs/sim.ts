@@ -19,7 +19,7 @@ import { CliError } from '../errors.ts';
 import { readGuest } from '../guest.ts';
 import { io, serverInfo } from '../io.ts';
 import { loadKnobs } from '../knobs.ts';
-import { formatExpiry, grantIn, leaseOptions, releaseIn, updateLeases } from '../leases.ts';
+import { formatExpiry, grantIn, LEASE_MAC, leaseOptions, releaseIn, updateLeases } from '../leases.ts';
 import { BACKENDS, leasesFile, runDir, simDir } from '../paths.ts';
 import { killTracked, killTrackedAll, listTracked, trackedAlive } from '../pids.ts';
 import { isAlive, killGroup } from '../proc.ts';
@@ -245,7 +245,7 @@ export async function runSimAction(root: string, argv: string[], env: NodeJS.Pro
     case 'grant-lease': {
       const p = parseArgs(spec('grant-lease', [{ name: 'ip', type: 'string' }], 1, 1), rest);
       const mac = (p.args[0] as string).toLowerCase();
-      if (!/^([0-9a-f]{2}:){5}[0-9a-f]{2}$/.test(mac)) throw new CliError(`invalid MAC "${mac}"`);
+      if (!LEASE_MAC.test(mac)) throw new CliError(`invalid MAC "${mac}"`);
       const want = str(p, 'ip');
       const opts = await leaseOpts();
       const ip = updateLeases(leases, opts, (list, now) => {

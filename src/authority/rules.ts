@@ -293,12 +293,21 @@ export interface DeferredPushFacts {
   readonly acceptUnstamped: boolean;
 }
 
-/** Strictly later than `savedAt`; an undated or unreadable time counts as later (a state
- * nobody can date is never overwritten). */
-function writtenAfter(created: string, savedAt: string): boolean {
-  const t = Date.parse(created);
+/** Later than `savedAt`, both times of this host's ledger (milliseconds); an unreadable time
+ * counts as later (a state nobody can date is never overwritten). */
+function writtenAfter(at: string, savedAt: string): boolean {
+  const t = Date.parse(at);
   const saved = Date.parse(savedAt);
   return !Number.isFinite(t) || !Number.isFinite(saved) || t > saved;
+}
+
+/** A manifest's `created` (whole seconds, RFC 3339) at or after the second of `savedAt`: a tag
+ * written in the same second as the save cannot be ordered against it, so it counts as newer,
+ * as does an undated one. */
+function taggedSinceSave(created: string, savedAt: string): boolean {
+  const t = Date.parse(created);
+  const saved = Date.parse(savedAt);
+  return !Number.isFinite(t) || !Number.isFinite(saved) || t >= Math.floor(saved / 1000) * 1000;
 }
 
 /** Row 10, a deferred delete-time push (docs/security.md): it writes the state it saved only
@@ -327,7 +336,7 @@ export function mayPushDeferred(p: DeferredPush, f: DeferredPushFacts): Verdict 
     if (s === 'absent') return false;
     // Only this identity's state counts (another's `hibernate` is no evidence about it).
     if (!mayOverwriteTag(p.owner, p.repo, tag, s, f.acceptUnstamped).ok) return false;
-    return writtenAfter(s.created, p.savedAt);
+    return taggedSinceSave(s.created, p.savedAt);
   };
   for (const [tag, s] of [
     [p.tag, f.target],

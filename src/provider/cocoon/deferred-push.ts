@@ -167,10 +167,19 @@ export class DeferredPushes {
   }
 
   #pass(): Promise<void> {
-    this.#running ??= this.#runDue().finally(() => {
-      this.#running = undefined;
-      this.#arm();
-    });
+    // A pass that throws (never expected: each try catches its own errors) is logged and the
+    // records stay in the ledger for the next pass: nothing is decided by it.
+    this.#running ??= this.#runDue()
+      .catch((err: unknown) => {
+        this.#ctx.log.error({ err: errText(err) }, 'deferred pushes: a pass failed');
+        // Tried again after each entry's wait, never in a tight loop.
+        const now = monoNow();
+        for (const d of this.#due.values()) if (d.at <= now) d.at = now + d.waitMs;
+      })
+      .finally(() => {
+        this.#running = undefined;
+        this.#arm();
+      });
     return this.#running;
   }
 

@@ -255,6 +255,13 @@ describe('row 10: a deferred delete-time push', () => {
   it('is dropped when a tag of the identity was written after the save, or cannot be dated', () => {
     refused(mayPushDeferred(push, facts({ target: ours('2026-12-01T10:00:01Z') })), 'push-newer-state');
     refused(mayPushDeferred(push, facts({ hibernate: ours('2026-12-01T11:00:00Z') })), 'push-newer-state');
+    // `created` has whole seconds: a tag of the save's own second cannot be ordered, so it wins.
+    const sameSecond = { ...push, savedAt: '2026-12-01T10:00:00.401Z' };
+    refused(
+      mayPushDeferred(sameSecond, facts({ hibernate: ours('2026-12-01T10:00:00Z') })),
+      'push-newer-state',
+    );
+    assert.equal(mayPushDeferred(sameSecond, facts({ hibernate: ours('2026-12-01T09:59:59Z') })).ok, true);
     const v = mayPushDeferred(push, facts({ target: ours('') }));
     refused(v, 'push-newer-state');
     assert.match((v as { message: string }).message, /undated/);

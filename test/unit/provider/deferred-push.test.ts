@@ -4,7 +4,7 @@
 // locally; the schedule pushes it later, never over newer state, never losing it to the GC.
 // The real registry, the simulator and a restart are in test/integration/hibernate-operator.test.ts.
 import assert from 'node:assert/strict';
-import { afterEach, describe, test } from 'node:test';
+import { afterEach, describe, mock, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { ownerOf } from '../../../src/authority/owner.ts';
 import { CocoonCommandError } from '../../../src/cocoon/runner.ts';
@@ -19,6 +19,7 @@ const VM_ID = 'vm.cocoonstack.io/id';
 let h: Harness | undefined;
 let store: FakeStore | undefined;
 afterEach(() => {
+  mock.timers.reset();
   h?.close();
   h = undefined;
   store = undefined;
@@ -139,7 +140,14 @@ describe('a push that would outlast the grace period', () => {
     store!.hold = new Promise<void>((r) => {
       release = r;
     });
-    await h.provider.deletePod(deleting(pod, 6_200));
+    // 6.2 s of grace less the 5 s reserve: a 1.2 s window, ticked rather than waited.
+    mock.timers.enable({ apis: ['setTimeout'] });
+    const deleted = h.provider.deletePod(deleting(pod, 6_200));
+    await until('pushing', () => store!.calls.includes('push vk-g-1:latest'));
+    assert.ok(h.cocoon.vms.has(vm.id), 'the VM waits for the push while the window is open');
+    mock.timers.tick(1_300);
+    await deleted;
+    mock.timers.reset();
     assert.ok(!h.cocoon.vms.has(vm.id), 'the pod went without waiting for the push');
     assert.match(h.ledger.pendingPush('vk-g-1')?.lastError ?? '', /not done within the grace period/);
     release();

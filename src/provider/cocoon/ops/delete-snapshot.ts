@@ -10,6 +10,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import type { VmRecord } from '../../../cocoon/records.ts';
 import { EVENT_MESSAGE_MAX_BYTES, SNAPSHOT_POLICY } from '../../../contract/annotations.ts';
 import type { Logger } from '../../../log.ts';
+import { timeoutSignal } from '../../../util/deadline.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { AuthorityError, checkPush, ownerOfRec, podRef, pushStamps } from '../authority.ts';
@@ -95,7 +96,7 @@ export async function snapshotBeforeDelete(
     return defer(ctx, rec, keep, spec.vmName, savedAt, 'the grace period leaves no time for the push', log);
   }
   // The push (and the tag read before it) ends before the grace period does, or is deferred.
-  const window = AbortSignal.timeout(windowMs);
+  const window = timeoutSignal(windowMs);
   const late = (err: unknown) =>
     window.aborted ? `not done within the grace period (${Math.round(windowMs / 1000)} s)` : errText(err);
   const pushed = performance.now();
