@@ -1,20 +1,24 @@
 // Generates packaging/vk-cocoon.env.example, the systemd EnvironmentFile of vk-cocoon.service,
-// from the daemon's own configuration table (ENV_DOCS in src/config/env.ts: the rows that also
-// drive the parser, `--help` and the README table of scripts/config-table.ts), so the example
+// from the daemon's own settings table (src/config/settings.ts: the rows that also drive the
+// parser, `--help` and the README table of scripts/config-table.ts), one section per group, so the example
 // can never miss a variable or show a stale default. scripts/release.sh writes a fresh copy
 // into every release; test/integration/release.test.ts fails when the committed file differs.
 //   node packaging/env-example.ts           print it
 //   node packaging/env-example.ts --write   rewrite packaging/vk-cocoon.env.example
 import { readFileSync, writeFileSync } from 'node:fs';
-import { ENV_DOCS } from '../src/config/env.ts';
+import { docGroups, ENV_DOCS } from '../src/config/settings.ts';
+
+/** `A, B and C`. */
+const list = (names: readonly string[]) =>
+  names.length < 2 ? names.join('') : `${names.slice(0, -1).join(', ')} and ${names.at(-1)}`;
 
 const HEADER = `# /etc/vk-cocoon/vk-cocoon.env: the environment of vk-cocoon.service (EnvironmentFile=).
 #
-# Generated from the daemon's configuration table (src/config/env.ts) by
-# packaging/env-example.ts: every variable vk-cocoon reads, each commented out with its
-# default. Uncomment a line to set it. A default in parentheses is computed at startup:
+# Generated from the daemon's settings table (src/config/settings.ts) by
+# packaging/env-example.ts: every variable vk-cocoon knows, by group, each commented out with
+# its default. Uncomment a line to set it. A default in parentheses is computed at startup:
 # leave the line commented (or empty) to get it. For every variable an empty value means the
-# default, except VK_METRICS_ADDR and VK_COCOON_NET_CONTROL_SOCKET, where it disables.
+# default, except ${list(ENV_DOCS.filter((d) => d.emptyIsValue).map((d) => d.name))}, where it disables.
 # A bad value stops the daemon at startup with a message naming the variable.
 #
 # Syntax (systemd.exec(5), EnvironmentFile=): NAME=value, one per line, no \`export\`; quote a
@@ -30,15 +34,18 @@ const HEADER = `# /etc/vk-cocoon/vk-cocoon.env: the environment of vk-cocoon.ser
 `;
 
 export function envExample(): string {
-  const blocks = ENV_DOCS.map((d) => {
-    const computed = d.default.startsWith('(');
-    return [
-      `# ${d.meaning}`,
-      ...(computed ? [`# default: ${d.default.slice(1, -1)}`] : []),
-      `#${d.name}=${computed ? '' : d.default}`,
-    ].join('\n');
+  const sections = docGroups().map((g) => {
+    const blocks = g.docs.map((d) => {
+      const computed = d.default.startsWith('(');
+      return [
+        `# ${d.meaning}`,
+        ...(computed ? [`# default: ${d.default.slice(1, -1)}`] : []),
+        `#${d.name}=${computed ? '' : d.default}`,
+      ].join('\n');
+    });
+    return [`# ==== ${g.title} ====`, ...blocks].join('\n\n');
   });
-  return `${HEADER}\n${blocks.join('\n\n')}\n`;
+  return `${HEADER}\n${sections.join('\n\n')}\n`;
 }
 
 export const ENV_EXAMPLE_PATH = new URL('vk-cocoon.env.example', import.meta.url);

@@ -1,16 +1,23 @@
-// Prints the README configuration table from the parser's own documentation rows;
-// `--write` replaces the block between the config-table markers in README.md.
+// Prints the README configuration tables, one per group, from the settings table that also
+// drives the parser (src/config/settings.ts); `--write` replaces the block between the
+// config-table markers in README.md.
 import { readFileSync, writeFileSync } from 'node:fs';
-import { ENV_DOCS } from '../src/config/env.ts';
+import { docGroups } from '../src/config/settings.ts';
 
 export function configTable(): string {
   const fmt = (d: string) => (d.startsWith('(') ? d : `\`${d}\``);
-  return [
-    '| Variable | Default | Meaning |',
-    '|---|---|---|',
-    // A `|` in a meaning (VK_NAMESPACE_NETWORKS' syntax) would end the Markdown cell.
-    ...ENV_DOCS.map((d) => `| \`${d.name}\` | ${fmt(d.default)} | ${d.meaning.replaceAll('|', '\\|')} |`),
-  ].join('\n');
+  return docGroups()
+    .map((g) =>
+      [
+        `**${g.title}**`,
+        '',
+        '| Variable | Default | Meaning |',
+        '|---|---|---|',
+        // A `|` in a meaning (VK_NAMESPACE_NETWORKS' syntax) would end the Markdown cell.
+        ...g.docs.map((d) => `| \`${d.name}\` | ${fmt(d.default)} | ${d.meaning.replaceAll('|', '\\|')} |`),
+      ].join('\n'),
+    )
+    .join('\n\n');
 }
 
 export function readmeTable(readme: string): string | undefined {

@@ -4,7 +4,7 @@
 // settings involved.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { loadConfig } from '../../../src/config/env.ts';
+import { ConfigError, loadConfig } from '../../../src/config/env.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { createMetrics } from '../../../src/metrics/registry.ts';
 import { startMetricsServer } from '../../../src/metrics/server.ts';
@@ -61,6 +61,31 @@ describe('VK_KUBELET_AUTH=none', () => {
     const c = loadConfig({ VK_KUBELET_AUTH: 'none', VK_NODE_IP: '127.0.0.1' });
     assert.equal(c.kubeletAuth, 'none');
     assert.equal(loadConfig({ VK_NODE_IP: '10.0.0.7' }).kubeletAuth, 'webhook');
+  });
+
+  it('is refused for every non-loopback listen address, naming both settings and where the API listens', () => {
+    for (const ip of ['10.0.0.7', '0.0.0.0', '192.168.1.1', '128.0.0.1', '172.16.0.1'])
+      assert.throws(
+        () => loadConfig({ VK_KUBELET_AUTH: 'none', VK_NODE_IP: ip }),
+        (err: Error) =>
+          err instanceof ConfigError &&
+          err.message.includes(`VK_KUBELET_AUTH=none needs VK_NODE_IP to be a loopback address`) &&
+          err.message.includes(`not ${JSON.stringify(ip)}`) &&
+          /the kubelet API then listens on VK_NODE_IP alone/.test(err.message),
+        ip,
+      );
+    // Case and spacing of the value do not get it past the rule.
+    assert.throws(
+      () => loadConfig({ VK_KUBELET_AUTH: ' NONE ', VK_NODE_IP: '10.0.0.7' }),
+      /VK_KUBELET_AUTH=none/,
+    );
+  });
+
+  it('is accepted on any loopback listen address (127.0.0.0/8), and webhook anywhere', () => {
+    for (const ip of ['127.0.0.1', '127.0.0.7', '127.255.255.254'])
+      assert.equal(loadConfig({ VK_KUBELET_AUTH: 'none', VK_NODE_IP: ip }).kubeletAuth, 'none', ip);
+    for (const ip of ['10.0.0.7', '127.0.0.1'])
+      assert.equal(loadConfig({ VK_KUBELET_AUTH: 'webhook', VK_NODE_IP: ip }).kubeletAuth, 'webhook', ip);
   });
 });
 
