@@ -6,6 +6,7 @@ import { AsyncLocalStorage } from 'node:async_hooks';
 import { type ChildProcess, spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import type { Logger } from '../log.ts';
+import { timeoutSignal } from '../util/deadline.ts';
 import { currentTenant, FairSlots } from '../util/fair.ts';
 import { currentOpSignal } from '../util/op-signal.ts';
 import { rankNow } from '../util/priority.ts';
@@ -191,8 +192,9 @@ export class CocoonCli {
    * shutdown while waiting rejects at once without starting the child. */
   async run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
     const started = performance.now();
-    // Whole milliseconds: AbortSignal.timeout rejects a fractional or non-positive delay.
-    const deadline = AbortSignal.timeout(Math.max(1, Math.ceil(opts.timeoutMs)));
+    // Whole milliseconds, at least 1. On a plain setTimeout (timeoutSignal, as
+    // AbortSignal.timeout), so tests with mock timers can expire it.
+    const deadline = timeoutSignal(Math.max(1, Math.ceil(opts.timeoutMs)));
     // The operation's signal (a bring-up DeletePod aborts, src/util/op-signal.ts) ends the
     // call too, whether it waits for a slot or runs.
     const op = currentOpSignal();

@@ -56,26 +56,35 @@ interface Waiter {
   cleanup: () => void;
 }
 
+export interface TokenBucketOptions {
+  /** Clock of the refill, in ms (default performance.now: monotonic). Test seam: a clock
+   * that moves with mock timers (e.g. `() => Date.now()` with Date mocked). */
+  now?: () => number;
+}
+
 /** Token bucket: `take()` resolves when a token is available. Time is monotonic
  * (performance.now), so a wall-clock step never stretches or shortens a wait. Waiters are
  * served by rank (src/util/priority.ts): `high` first, then takers without a priority
  * context, then by the pod's admission sequence (oldest first), FIFO among equals. */
 export class TokenBucket {
   #tokens: number;
-  #last = performance.now();
+  readonly #now: () => number;
+  #last: number;
   readonly #waiters = new RankedList<Waiter>();
   #timer: NodeJS.Timeout | undefined;
   readonly qps: number;
   readonly burst: number;
 
-  constructor(qps: number, burst: number) {
+  constructor(qps: number, burst: number, opts: TokenBucketOptions = {}) {
     this.qps = qps;
     this.burst = burst;
     this.#tokens = burst;
+    this.#now = opts.now ?? (() => performance.now());
+    this.#last = this.#now();
   }
 
   #refill(): void {
-    const now = performance.now();
+    const now = this.#now();
     this.#tokens = Math.min(this.burst, this.#tokens + ((now - this.#last) / 1000) * this.qps);
     this.#last = now;
   }

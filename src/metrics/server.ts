@@ -6,9 +6,9 @@
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { pipeline } from 'node:stream/promises';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { getHeapSnapshot } from 'node:v8';
 import type { Logger } from '../log.ts';
+import { pause } from '../util/deadline.ts';
 import { isLoopbackHost } from '../util/loopback.ts';
 
 // node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
@@ -231,7 +231,7 @@ class DebugEndpoints {
       await session.post('Profiler.start');
       let stopped = false;
       try {
-        await sleep(seconds * 1000, undefined, { signal: gone.signal }).catch(() => {});
+        await pause(seconds * 1000, gone.signal); // a plain setTimeout: tests tick it
         const { profile } = await session.post('Profiler.stop');
         stopped = true;
         if (gone.signal.aborted) return;

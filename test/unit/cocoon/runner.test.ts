@@ -2,14 +2,18 @@
 // (time queued for a slot included), an abort while queued rejects at once and frees the
 // waiter, and high-priority calls get a free slot first. A tiny shell script stands in for
 // the cocoon binary: `<bin> wait <seconds> <tag>` logs `<tag>` when it starts, then sleeps.
+// Deadlines run on mock timers (the test ticks them to the millisecond), and a call that
+// holds the slot runs until the test stops it, so no outcome depends on the machine's speed.
 import assert from 'node:assert/strict';
 import { chmodSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { mock, test } from 'node:test';
 import { CocoonCli, CocoonCommandError } from '../../../src/cocoon/runner.ts';
 import { silentLogger } from '../../../src/log.ts';
+
+/** The real setTimeout, for polling while the test mocks the global one. */
+const realSetTimeout = globalThis.setTimeout;
 
 function fakeCocoon(t: { after: (fn: () => void) => void }): { bin: string; started: () => string[] } {
   const dir = mkdtempSync(join(tmpdir(), 'vk-runner-'));
@@ -28,52 +32,91 @@ function cli(bin: string, t: { after: (fn: () => void) => void }, maxConcurrent 
   return new CocoonCli(bin, lifetime.signal, silentLogger, { maxConcurrent });
 }
 
+/** Waits for the fake's processes (real I/O). The bound only turns a hang into a failure:
+ * a shell starts in milliseconds, 5 s is far more than 10 times that. */
 async function until(cond: () => boolean, ms = 5000): Promise<void> {
   const end = performance.now() + ms;
   while (!cond()) {
     if (performance.now() > end) assert.fail('condition not met in time');
-    await sleep(5);
+    await new Promise((r) => realSetTimeout(r, 5));
   }
+}
+
+/** Lets promise callbacks run; no mocked timer fires. */
+async function flush(): Promise<void> {
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+}
+
+/** Follows `p` so a test can ask whether it has settled yet. */
+function track<T>(p: Promise<T>): { settled: boolean; error?: unknown } {
+  const s: { settled: boolean; error?: unknown } = { settled: false };
+  p.then(
+    () => {
+      s.settled = true;
+    },
+    (error: unknown) => {
+      s.settled = true;
+      s.error = error;
+    },
+  );
+  return s;
+}
+
+/** A call that holds a slot until `stop()` (a minute otherwise). */
+function holder(c: CocoonCli): { done: Promise<unknown>; stop: () => void } {
+  const ac = new AbortController();
+  const done = c.run(['wait', '60', 'holder'], { timeoutMs: 120_000, signal: ac.signal }).catch((e) => e);
+  return { done, stop: () => ac.abort() };
 }
 
 test('a call deadline counts from the call, including the wait for a slot', async (t) => {
   const fake = fakeCocoon(t);
   const c = cli(fake.bin, t);
-  const holder = c.run(['wait', '1.2', 'holder'], { timeoutMs: 10_000 });
+  mock.timers.enable({ apis: ['setTimeout'] });
+  t.after(() => mock.timers.reset());
+  const h = holder(c);
   await until(() => fake.started().includes('holder'));
-  const t0 = performance.now();
-  const err = await c.run(['wait', '0', 'queued'], { timeoutMs: 300 }).catch((e: unknown) => e);
-  const ms = performance.now() - t0;
+  const queued = c.run(['wait', '0', 'queued'], { timeoutMs: 300 });
+  const q = track(queued);
+  await flush();
+  assert.equal(c.waiting, 1);
+  mock.timers.tick(299);
+  await flush();
+  assert.equal(q.settled, false, 'not before its deadline');
+  mock.timers.tick(1);
+  await flush();
+  assert.equal(q.settled, true, 'rejected at its deadline while the holder still has the slot');
+  const err = q.error;
   assert.ok(err instanceof CocoonCommandError, String(err));
   assert.match(err.message, /^cocoon wait 0: deadline of 300 ms exceeded \(waited \d+ ms for a free slot\)$/);
-  assert.ok(ms >= 290 && ms < 900, `rejected after ${ms} ms (the holder runs 1200 ms)`);
   assert.equal(c.waiting, 0, 'the waiter left the queue');
-  await holder;
+  h.stop();
+  await h.done;
   assert.deepEqual(fake.started(), ['holder'], 'the timed-out call never started');
 });
 
 test('an abort while queued rejects at once and frees the waiter', async (t) => {
   const fake = fakeCocoon(t);
   const c = cli(fake.bin, t);
-  const holder = c.run(['wait', '0.6', 'holder'], { timeoutMs: 10_000 });
+  const h = holder(c);
   await until(() => fake.started().includes('holder'));
   const ac = new AbortController();
   const aborted = c.run(['wait', '0', 'aborted'], { timeoutMs: 10_000, signal: ac.signal });
   const next = c.run(['wait', '0', 'next'], { timeoutMs: 10_000 });
   assert.equal(c.waiting, 2);
-  await sleep(50);
   let holderDone = false;
-  void holder.then(() => {
+  void h.done.then(() => {
     holderDone = true;
   });
   ac.abort();
   const err = await aborted.catch((e: unknown) => e);
   assert.ok(err instanceof CocoonCommandError, String(err));
   assert.match(err.message, /^cocoon wait 0: aborted \(waited \d+ ms for a free slot\)$/);
-  // At once: while the holder (0.6 s) still has the slot, not when the slot comes free.
+  // At once: while the holder still has the slot (it keeps it until stopped below).
   assert.equal(holderDone, false, 'rejected before the slot came free');
   assert.equal(c.waiting, 1);
-  await holder;
+  h.stop();
+  await h.done;
   await next;
   assert.deepEqual(fake.started(), ['holder', 'next']);
   // No slot leaked: the pool still gives a call a slot at once (it never queues).
@@ -85,7 +128,7 @@ test('an abort while queued rejects at once and frees the waiter', async (t) => 
 test('waiting high-priority calls get a free slot before normal ones', async (t) => {
   const fake = fakeCocoon(t);
   const c = cli(fake.bin, t);
-  const holder = c.run(['wait', '0.4', 'holder'], { timeoutMs: 10_000 });
+  const h = holder(c);
   await until(() => fake.started().includes('holder'));
   const calls = [
     c.run(['wait', '0', 'clone-1'], { timeoutMs: 10_000 }),
@@ -93,16 +136,26 @@ test('waiting high-priority calls get a free slot before normal ones', async (t)
     c.run(['wait', '0', 'inspect-1'], { timeoutMs: 10_000, priority: 'high' }),
     c.run(['wait', '0', 'fixup-1'], { timeoutMs: 10_000, priority: 'high' }),
   ];
-  await Promise.all([holder, ...calls]);
+  assert.equal(c.waiting, 4, 'all four queue behind the holder');
+  h.stop();
+  await Promise.all([h.done, ...calls]);
   assert.deepEqual(fake.started(), ['holder', 'inspect-1', 'fixup-1', 'clone-1', 'clone-2']);
 });
 
 test('a running call still dies at its deadline, counted from the call', async (t) => {
   const fake = fakeCocoon(t);
   const c = cli(fake.bin, t, 2);
-  const t0 = performance.now();
-  const err = await c.run(['wait', '5', 'slow'], { timeoutMs: 300 }).catch((e: unknown) => e);
-  assert.ok(err instanceof CocoonCommandError);
+  mock.timers.enable({ apis: ['setTimeout'] });
+  t.after(() => mock.timers.reset());
+  // It would sleep a minute: only its deadline ends it sooner.
+  const r = track(c.run(['wait', '60', 'slow'], { timeoutMs: 300 }));
+  await until(() => fake.started().includes('slow'));
+  mock.timers.tick(299);
+  await flush();
+  assert.equal(r.settled, false, 'not before its deadline');
+  mock.timers.tick(1);
+  await until(() => r.settled); // the kill and the reap are real process I/O
+  const err = r.error;
+  assert.ok(err instanceof CocoonCommandError, String(err));
   assert.match(err.message, /deadline of 300 ms exceeded \(signal: killed/);
-  assert.ok(performance.now() - t0 < 2000);
 });

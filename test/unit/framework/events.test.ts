@@ -4,9 +4,15 @@ import assert from 'node:assert/strict';
 import { mock, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import type { V1Pod } from '@kubernetes/client-node';
+import { TokenBucket } from '../../../src/kube/client.ts';
 import { EventRecorder } from '../../../src/kube/events.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { apiError, blackHole, fakeKube } from '../fakes/kube.ts';
+
+/** Lets promise callbacks run; no timer fires where timers are mocked. */
+async function flush(): Promise<void> {
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+}
 
 function pod(i: number): V1Pod {
   return { metadata: { namespace: 'ns', name: `clone-${i}`, uid: `uid-${i}` } };
@@ -14,27 +20,35 @@ function pod(i: number): V1Pod {
 
 test('a lifecycle write does not wait behind hundreds of Warning events', async (t) => {
   // Pod writes 5/s (burst 5), events 2/s (burst 2): 300 Warnings saturate the event budget
-  // for minutes. On a shared bucket the lifecycle write would queue behind all of them.
-  const { kube, core } = fakeKube({ qps: 5, burst: 5, eventQps: 2, eventBurst: 2 });
+  // for minutes. On a shared bucket the lifecycle write would queue behind all of them. Time
+  // is mocked (timers and both buckets' clocks) and never advanced: the event budget never
+  // refills, and the lifecycle write must go out all the same, before any time passes.
+  mock.timers.enable({ apis: ['setTimeout', 'Date'], now: 0 });
+  t.after(() => mock.timers.reset());
+  const { kube, core } = fakeKube();
+  const now = () => Date.now();
+  Object.assign(kube, {
+    writes: new TokenBucket(5, 5, { now }),
+    eventWrites: new TokenBucket(2, 2, { now }),
+  });
   const events = new EventRecorder(kube, 'node-a', silentLogger);
   t.after(() => events.stop());
   for (let i = 0; i < 300; i++) {
     events.event(pod(i), 'Warning', 'PostCloneExecFailed', `attempt 1 failed on clone-${i}`);
   }
-  await sleep(20);
-  const t0 = performance.now();
-  const lifecycle = kube.write(() =>
-    kube.core.patchNamespacedPod({ name: 'clone-7', namespace: 'ns', body: { metadata: {} } }),
-  );
-  const done = await Promise.race([lifecycle.then(() => true), sleep(1000, false)]);
-  const ms = performance.now() - t0;
-  assert.ok(done, 'the lifecycle write was still waiting after 1 s');
-  assert.ok(ms < 100, `the lifecycle write waited ${ms} ms`);
-  assert.ok(
-    core.callsOf('createNamespacedEvent').length <= 3,
-    `${core.callsOf('createNamespacedEvent').length} events written`,
-  );
-  assert.ok(events.pending >= 290, `${events.pending} pending`);
+  await flush();
+  assert.equal(core.callsOf('createNamespacedEvent').length, 2, 'the event burst, then no token');
+  let done = false;
+  void kube
+    .write(() => kube.core.patchNamespacedPod({ name: 'clone-7', namespace: 'ns', body: { metadata: {} } }))
+    .then(() => {
+      done = true;
+    });
+  await flush();
+  assert.equal(done, true, 'the lifecycle write waited for a token');
+  assert.equal(core.callsOf('patchNamespacedPod').length, 1);
+  assert.equal(core.callsOf('createNamespacedEvent').length, 2);
+  assert.equal(events.pending, 298);
   assert.equal(events.dropped, 0);
 });
 
@@ -97,14 +111,25 @@ test('the pending buffer drops new keys beyond its bound and counts the drops', 
 });
 
 test('an event request that never answers times out and frees its key', async (t) => {
+  mock.timers.enable({ apis: ['setTimeout'] });
+  t.after(() => mock.timers.reset());
   const { kube, core } = fakeKube();
   const events = new EventRecorder(kube, 'node-a', silentLogger, { requestTimeoutMs: 50 });
   t.after(() => events.stop());
   core.on('createNamespacedEvent', () => blackHole());
   events.event(pod(1), 'Warning', 'X', 'one');
-  const t0 = performance.now();
-  await Promise.race([events.idle(), sleep(2000)]);
-  assert.ok(performance.now() - t0 < 500, 'the black-holed write was not given up');
+  let idle = false;
+  void events.idle().then(() => {
+    idle = true;
+  });
+  await flush();
+  assert.equal(core.callsOf('createNamespacedEvent').length, 1);
+  mock.timers.tick(49);
+  await flush();
+  assert.equal(idle, false, 'not given up before its timeout');
+  mock.timers.tick(1);
+  await flush();
+  assert.equal(idle, true, 'the black-holed write was given up at its timeout');
   core.on('createNamespacedEvent', (p) => ({ ...p.body, metadata: { name: 'e1' } }));
   events.event(pod(1), 'Warning', 'X', 'two');
   await events.idle();

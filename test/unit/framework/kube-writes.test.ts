@@ -1,11 +1,12 @@
 // Bounded waiting of API writes: token waits have a bound and can be aborted, high-priority
 // writes go first, a request has a timeout that really aborts the HTTP request, and the
-// retry policy of lifecycle/status writes.
+// retry policy of lifecycle/status writes. Time is mocked (node:test mock timers, and the
+// token buckets on the mocked Date clock): "at once" means before any timer fired, and every
+// bound is checked at its exact millisecond, so no assertion depends on how busy the machine is.
 import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { test } from 'node:test';
-import { setTimeout as sleep } from 'node:timers/promises';
+import { mock, test } from 'node:test';
 import {
   apiStatus,
   Kube,
@@ -18,59 +19,106 @@ import {
 import { DeadlineError } from '../../../src/util/deadline.ts';
 import { apiError, blackHole, fakeKube, fakeKubeConfig, hangUntilAborted } from '../fakes/kube.ts';
 
-/** Settles within `ms` or reports that it did not (so a regression fails instead of hanging). */
-async function within<T>(p: Promise<T>, ms: number): Promise<{ value?: T; error?: unknown; ms: number }> {
-  const t0 = performance.now();
-  const timeout = Symbol('timeout');
-  const res = await Promise.race([
-    p.then(
-      (value) => ({ value }),
-      (error: unknown) => ({ error }),
-    ),
-    sleep(ms, timeout),
-  ]);
-  if (res === timeout) assert.fail(`did not settle within ${ms} ms`);
-  return { ...(res as { value?: T; error?: unknown }), ms: performance.now() - t0 };
+/** Mocks setTimeout and Date (from 0) for the rest of the test. */
+function mockTime(t: { after: (fn: () => void) => void }): void {
+  mock.timers.enable({ apis: ['setTimeout', 'Date'], now: 0 });
+  t.after(() => mock.timers.reset());
 }
 
-test('TokenBucket: a take whose wait would exceed maxWaitMs rejects at once', async () => {
-  const b = new TokenBucket(10, 1);
+/** The bucket's clock: the mocked Date, so it moves with mock.timers.tick and nothing else. */
+const mockedNow = () => Date.now();
+
+/** Lets promise callbacks and pending I/O run; no timer fires (they are mocked). */
+async function flush(): Promise<void> {
+  for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+}
+
+interface Tracked<T> {
+  settled: boolean;
+  value?: T;
+  error?: unknown;
+}
+
+/** Follows `p` so a test can ask whether it has settled yet. */
+function track<T>(p: Promise<T>): Tracked<T> {
+  const s: Tracked<T> = { settled: false };
+  p.then(
+    (value) => {
+      s.settled = true;
+      s.value = value;
+    },
+    (error: unknown) => {
+      s.settled = true;
+      s.error = error;
+    },
+  );
+  return s;
+}
+
+/** Advances the mocked clock by `ms` and lets what it released run. */
+async function tick(ms: number): Promise<void> {
+  mock.timers.tick(ms);
+  await flush();
+}
+
+/** Waits for real I/O (an HTTP request reaching a local server). The bound only turns a
+ * hang into a failure: the I/O takes milliseconds, 10 s is more than 1000 times that. */
+async function untilIo(what: string, cond: () => boolean, ms = 10_000): Promise<void> {
+  const end = performance.now() + ms;
+  while (!cond()) {
+    if (performance.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setImmediate(r));
+  }
+}
+
+test('TokenBucket: a take whose wait would exceed maxWaitMs rejects at once', async (t) => {
+  mockTime(t);
+  const b = new TokenBucket(10, 1, { now: mockedNow });
   await b.take();
-  // The next token is 100 ms away: more than the 50 ms bound.
-  const r = await within(b.take({ maxWaitMs: 50 }), 1000);
+  // The next token is 100 ms away: more than the 50 ms bound. Refused before any time passed.
+  const r = track(b.take({ maxWaitMs: 50 }));
+  await flush();
+  assert.equal(r.settled, true, 'rejected without waiting');
   assert.ok(r.error instanceof WriteWaitError, String(r.error));
   assert.equal(r.error.reason, 'bound');
   assert.match(r.error.message, /bound of 50 ms/);
-  assert.ok(r.ms < 30, `rejected after ${r.ms} ms`);
   assert.equal(b.waiting, 0);
-  // Within the bound it waits and gets the token.
-  const ok = await within(b.take({ maxWaitMs: 500 }), 1000);
+  // Within the bound it waits and gets the token, 100 ms after the first one was taken.
+  const ok = track(b.take({ maxWaitMs: 500 }));
+  await tick(99);
+  assert.equal(ok.settled, false, 'not before the next token');
+  await tick(1);
+  assert.equal(ok.settled, true);
   assert.equal(ok.error, undefined);
 });
 
-test('TokenBucket: an aborted wait rejects at once and gives its place up', async () => {
-  const b = new TokenBucket(20, 1);
+test('TokenBucket: an aborted wait rejects at once and gives its place up', async (t) => {
+  mockTime(t);
+  const b = new TokenBucket(20, 1, { now: mockedNow });
   await b.take();
   const ac = new AbortController();
-  const first = b.take({ signal: ac.signal });
-  const t0 = performance.now();
-  const second = b.take();
-  setTimeout(() => ac.abort(), 10);
-  const r = await within(first, 1000);
-  assert.ok(r.error instanceof WriteWaitError && r.error.reason === 'aborted', String(r.error));
-  assert.ok(r.ms < 40, `abort took ${r.ms} ms`);
-  await second;
-  const waited = performance.now() - t0;
+  const first = track(b.take({ signal: ac.signal }));
+  const second = track(b.take());
+  await tick(10);
+  ac.abort();
+  await flush();
+  // At once: 10 ms in, long before the next token (50 ms).
+  assert.equal(first.settled, true, 'rejected when aborted, not when a token came');
+  assert.ok(first.error instanceof WriteWaitError && first.error.reason === 'aborted', String(first.error));
+  assert.equal(b.waiting, 1);
   // The second waiter gets the first token (50 ms), not the one after it (100 ms).
-  assert.ok(waited < 90, `second waiter waited ${waited} ms`);
+  await tick(39);
+  assert.equal(second.settled, false);
+  await tick(1);
+  assert.equal(second.settled, true);
+  assert.equal(second.error, undefined);
 });
 
-test('TokenBucket: high-priority takers are served before waiting normal ones; the bound still holds', async () => {
-  const b = new TokenBucket(50, 1);
+test('TokenBucket: high-priority takers are served before waiting normal ones; the bound still holds', async (t) => {
+  mockTime(t);
+  const b = new TokenBucket(50, 1, { now: mockedNow });
   await b.take();
-  // The next token (20 ms away) is promised to a blocker queued now, so a loaded machine that
-  // stalls before the takes below are queued cannot hand the first of them a free token out
-  // of rank (seen under CI load).
+  // The next token (20 ms away) is promised to a blocker queued first.
   void b.take({ priority: 'high' });
   const order: string[] = [];
   const take = (name: string, priority: 'high' | 'normal', maxWaitMs?: number) =>
@@ -83,51 +131,68 @@ test('TokenBucket: high-priority takers are served before waiting normal ones; t
   // is rejected by the backstop at its bound.
   all.push(take('n3', 'normal', 130));
   all.push(take('h3', 'high'), take('h4', 'high'));
-  await Promise.all(all);
+  const done = track(Promise.all(all));
+  for (let ms = 0; ms < 1000 && !done.settled; ms += 10) await tick(10);
+  assert.equal(done.settled, true);
   assert.deepEqual(order.slice(0, 4), ['h1', 'h2', 'h3', 'h4']);
   assert.ok(order.indexOf('n3:rejected') >= 0, order.join(' '));
   assert.ok(order.indexOf('n1') < order.indexOf('n2'), order.join(' '));
 });
 
-test('Kube.write: timeoutMs aborts the request signal and rejects at the bound', async () => {
+test('Kube.write: timeoutMs aborts the request signal and rejects at the bound', async (t) => {
+  mockTime(t);
   const { kube, core } = fakeKube();
   core.on('patchNamespacedPod', (_p, call) => hangUntilAborted(call));
-  const r = await within(
+  const r = track(
     kube.write(
       (signal) => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }, withSignal(signal)),
       {
         timeoutMs: 100,
       },
     ),
-    2000,
   );
+  await flush();
+  const [call] = core.callsOf('patchNamespacedPod');
+  assert.ok(call, 'sent at once');
+  await tick(99);
+  assert.equal(r.settled, false, 'not before the bound');
+  assert.equal(call.signal?.aborted, false);
+  await tick(1);
+  assert.equal(r.settled, true, 'rejected at the bound');
   assert.ok(r.error instanceof DeadlineError, String(r.error));
   assert.equal(r.error.message, 'API request timed out after 100 ms');
   assert.equal(apiStatus(r.error), 0);
-  assert.ok(r.ms >= 95 && r.ms < 400, `rejected after ${r.ms} ms`);
-  assert.equal(core.callsOf('patchNamespacedPod')[0]?.signal?.aborted, true);
+  assert.equal(call.signal?.aborted, true);
   // A request that ignores its signal is abandoned at the bound all the same.
   core.on('patchNamespacedPod', () => blackHole());
-  const r2 = await within(
+  const r2 = track(
     kube.write(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }), {
       timeoutMs: 100,
     }),
-    2000,
   );
-  assert.ok(r2.error instanceof DeadlineError);
+  await flush();
+  await tick(99);
+  assert.equal(r2.settled, false);
+  await tick(1);
+  assert.ok(r2.error instanceof DeadlineError, String(r2.error));
 });
 
-test('Kube.write: the token wait is bounded, and the bound is reported as such', async () => {
-  const { kube, core } = fakeKube({ qps: 1, burst: 1 });
+test('Kube.write: the token wait is bounded, and the bound is reported as such', async (t) => {
+  mockTime(t);
+  const { kube, core } = fakeKube();
+  // 1 write/s, burst 1, on the mocked clock.
+  (kube as { writes: TokenBucket }).writes = new TokenBucket(1, 1, { now: mockedNow });
   await kube.write(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }));
-  const r = await within(
+  const r = track(
     kube.write(() => kube.core.patchNamespacedPod({ name: 'b', namespace: 'n', body: {} }), {
       maxWaitMs: 200,
     }),
-    2000,
   );
+  await flush();
+  // The next token is 1 s away, beyond the 200 ms bound: refused before any time passed.
+  assert.equal(r.settled, true, 'refused without waiting');
   assert.ok(r.error instanceof WriteWaitError, String(r.error));
-  assert.ok(r.ms < 50);
+  assert.equal(r.error.reason, 'bound');
   assert.equal(core.callsOf('patchNamespacedPod').length, 1, 'the rejected write was never sent');
 });
 
@@ -145,7 +210,8 @@ test('withSignal carries the timeout into the real HTTP request of client-node',
   });
   const port = (server.address() as AddressInfo).port;
   const kube = new Kube(fakeKubeConfig(`http://127.0.0.1:${port}`), 100, 100);
-  const r = await within(
+  mockTime(t);
+  const r = track(
     kube.write(
       (signal) =>
         kube.core.patchNamespacedPodStatus(
@@ -154,46 +220,64 @@ test('withSignal carries the timeout into the real HTTP request of client-node',
         ),
       { timeoutMs: 300 },
     ),
-    3000,
   );
+  await untilIo('the request at the server', () => seen.length === 1);
+  await tick(299);
+  assert.equal(r.settled, false, 'not before the bound');
+  assert.equal(closed, 0);
+  await tick(1);
+  assert.equal(r.settled, true, 'rejected at the bound');
   assert.ok(r.error instanceof DeadlineError, String(r.error));
   assert.equal(seen.length, 1);
   assert.equal(seen[0]?.method, 'PATCH');
   assert.equal(seen[0]?.headers['content-type'], 'application/strategic-merge-patch+json');
   // The client closed the connection: the request was aborted, not just abandoned.
-  for (let i = 0; i < 100 && closed === 0; i++) await sleep(10);
+  await untilIo('the connection to close', () => closed === 1);
   assert.equal(closed, 1);
 });
 
-test('Kube.writeRetrying: 3 attempts 500 ms apart; 404/409/422 are not retried', async () => {
+test('Kube.writeRetrying: 3 attempts 500 ms apart; 404/409/422 are not retried', async (t) => {
+  mockTime(t);
   const { kube, core } = fakeKube();
   let n = 0;
   core.on('patchNamespacedPod', () => {
     n++;
     throw apiError(500, 'boom');
   });
-  const t0 = performance.now();
-  const err = await kube
-    .writeRetrying(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }), {
+  const r = track(
+    kube.writeRetrying(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }), {
       retryDelayMs: 20,
-    })
-    .catch((e: unknown) => e);
+    }),
+  );
+  await flush();
+  assert.equal(n, 1);
+  // Each retry comes after the pause, not sooner.
+  await tick(19);
+  assert.equal(n, 1);
+  await tick(1);
+  assert.equal(n, 2);
+  await tick(19);
+  assert.equal(n, 2);
+  await tick(1);
+  assert.equal(n, 3);
+  assert.equal(r.settled, true);
+  const err = r.error;
   assert.ok(err instanceof WriteAttemptsError, String(err));
   assert.equal(err.attempts, 3);
   assert.equal(apiStatus(err), 500);
   assert.match(err.message, /HTTP 500: boom \(3 attempts\)/);
-  assert.equal(n, 3);
-  assert.ok(performance.now() - t0 >= 38);
   for (const code of [404, 409, 422]) {
     n = 0;
     core.on('patchNamespacedPod', () => {
       n++;
       throw apiError(code);
     });
-    const e = await kube
-      .writeRetrying(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }))
-      .catch((x: unknown) => x);
-    assert.equal(apiStatus(e), code);
+    const e = track(
+      kube.writeRetrying(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} })),
+    );
+    await flush();
+    assert.equal(e.settled, true, `HTTP ${code} is rethrown at once, without a pause`);
+    assert.equal(apiStatus(e.error), code);
     assert.equal(n, 1, `HTTP ${code} is not retried`);
   }
   // A success after a failure returns the answer.
@@ -202,11 +286,14 @@ test('Kube.writeRetrying: 3 attempts 500 ms apart; 404/409/422 are not retried',
     if (++n === 1) throw apiError(503);
     return { metadata: { resourceVersion: '7' } };
   });
-  const ok = await kube.writeRetrying(
-    () => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }),
-    {
+  const ok = track(
+    kube.writeRetrying(() => kube.core.patchNamespacedPod({ name: 'a', namespace: 'n', body: {} }), {
       retryDelayMs: 1,
-    },
+    }),
   );
-  assert.equal(ok.metadata?.resourceVersion, '7');
+  await flush();
+  assert.equal(n, 1);
+  await tick(1);
+  assert.equal(ok.error, undefined);
+  assert.equal(ok.value?.metadata?.resourceVersion, '7');
 });

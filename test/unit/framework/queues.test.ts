@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { test } from 'node:test';
+import { mock, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { TokenBucket } from '../../../src/kube/client.ts';
 import { KeyedQueue } from '../../../src/util/keyed-queue.ts';
@@ -68,13 +68,32 @@ test('WorkQueue retries failures with backoff and resets after success', async (
   assert.equal(q.retries('k'), 0);
 });
 
-test('TokenBucket allows the burst then paces at qps', async () => {
-  const b = new TokenBucket(100, 5);
-  const t0 = performance.now();
-  for (let i = 0; i < 5; i++) await b.take();
-  const burstMs = performance.now() - t0;
-  for (let i = 0; i < 5; i++) await b.take();
-  const pacedMs = performance.now() - t0;
-  assert.ok(burstMs < 20, `burst took ${burstMs} ms`);
-  assert.ok(pacedMs >= 40, `5 paced tokens at 100 qps took only ${pacedMs} ms`);
+test('TokenBucket allows the burst then paces at qps', async (t) => {
+  // On mock timers and the mocked Date clock: the burst is served before any time passes,
+  // then each token comes exactly 10 ms after the one before (100 qps), never sooner.
+  mock.timers.enable({ apis: ['setTimeout', 'Date'], now: 0 });
+  t.after(() => mock.timers.reset());
+  const flush = async () => {
+    for (let i = 0; i < 5; i++) await new Promise((r) => setImmediate(r));
+  };
+  const b = new TokenBucket(100, 5, { now: () => Date.now() });
+  let burst = 0;
+  for (let i = 0; i < 5; i++)
+    void b.take().then(() => {
+      burst++;
+    });
+  await flush();
+  assert.equal(burst, 5, 'the burst of 5 without waiting');
+  for (let i = 1; i <= 5; i++) {
+    let got = false;
+    void b.take().then(() => {
+      got = true;
+    });
+    mock.timers.tick(9);
+    await flush();
+    assert.equal(got, false, `paced token ${i} before its 10 ms`);
+    mock.timers.tick(1);
+    await flush();
+    assert.equal(got, true, `paced token ${i} at 10 ms`);
+  }
 });

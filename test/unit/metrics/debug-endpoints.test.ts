@@ -1,10 +1,11 @@
 // The debug endpoints of the metrics listener (VK_DEBUG_ENDPOINTS, docs/operations.md
 // "Profiling in place"): 404 when off; when on, a CPU profile Chrome DevTools loads (a
 // Profiler.Profile: nodes, samples, timeDeltas) and a heap snapshot (snapshot meta, nodes,
-// edges, strings), one at a time.
+// edges, strings), one at a time. The profile's N seconds run on mock timers: the test ticks
+// them, so no assertion depends on how fast the machine is.
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
-import { describe, it } from 'node:test';
+import { describe, it, mock, type TestContext } from 'node:test';
 import { loadConfig } from '../../../src/config/env.ts';
 import { silentLogger } from '../../../src/log.ts';
 import { createMetrics } from '../../../src/metrics/registry.ts';
@@ -52,6 +53,28 @@ async function withServer(
   }
 }
 
+/** Mocks setTimeout for the rest of the test and records the delays it is set with, so the
+ * test knows when the profile's N-second timer runs (and only then ticks it). */
+function mockTimers(t: TestContext): { set: (ms: number) => boolean } {
+  mock.timers.enable({ apis: ['setTimeout'] });
+  const spy = mock.method(globalThis, 'setTimeout');
+  t.after(() => {
+    spy.mock.restore();
+    mock.timers.reset();
+  });
+  return { set: (ms) => spy.mock.calls.some((c) => c.arguments[1] === ms) };
+}
+
+/** Waits for real I/O (the server's answers, the inspector session). The bound only turns a
+ * hang into a failure: each step takes milliseconds, 10 s is far more than 10 times that. */
+async function untilIo(what: string, cond: () => boolean | Promise<boolean>, ms = 10_000): Promise<void> {
+  const end = performance.now() + ms;
+  while (!(await cond())) {
+    if (performance.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setImmediate(r));
+  }
+}
+
 /** Some work for the profiler to see. */
 function burn(ms: number): number {
   const end = Date.now() + ms;
@@ -91,21 +114,28 @@ describe('debug endpoints', () => {
     }
   });
 
-  it('serve a loadable CPU profile of N seconds', async () => {
+  it('serve a loadable CPU profile of N seconds', async (t) => {
+    const timers = mockTimers(t);
     await withServer(true, async (port) => {
-      const t0 = Date.now();
-      const pending = get(port, '/debug/pprof/profile?seconds=1');
+      let answered = false;
+      const pending = get(port, '/debug/pprof/profile?seconds=1').finally(() => {
+        answered = true;
+      });
+      await untilIo('the 1 s recording to start', () => timers.set(1000));
       // Busy while the profile runs: a second profile and a heap snapshot are refused.
-      await new Promise((r) => setTimeout(r, 100));
       const busy = await get(port, '/debug/pprof/heap');
       assert.equal(busy.status, 409);
       assert.match(busy.body, /CPU profile is being taken/);
       assert.equal((await get(port, '/debug/pprof/profile?seconds=1')).status, 409);
       burn(300);
+      // It records for its N seconds, not a moment less (the clock is mocked: only ticks move it).
+      mock.timers.tick(999);
+      assert.equal((await get(port, '/debug/pprof/heap')).status, 409, 'still recording at 999 ms');
+      assert.equal(answered, false);
+      mock.timers.tick(1);
+      await untilIo('the profile at 1 s', () => answered);
       const r = await pending;
-      const took = Date.now() - t0;
       assert.equal(r.status, 200, r.body);
-      assert.ok(took >= 1000 && took < 20_000, `took ${took} ms`);
       assert.equal(r.headers['content-type'], 'application/json');
       assert.match(String(r.headers['content-disposition']), /filename="vk-cocoon-.*\.cpuprofile"/);
       const profile = JSON.parse(r.body) as {
@@ -118,7 +148,8 @@ describe('debug endpoints', () => {
       assert.ok(Array.isArray(profile.nodes) && profile.nodes.length > 1);
       assert.ok(Array.isArray(profile.samples) && profile.samples.length > 0);
       assert.equal(profile.timeDeltas.length, profile.samples.length);
-      assert.ok(profile.endTime - profile.startTime >= 900_000, 'about a second, in microseconds');
+      // Real time recorded (microseconds): at least the 300 ms burned while it ran.
+      assert.ok(profile.endTime - profile.startTime >= 300_000, 'the recording spans the burn');
       assert.ok(
         profile.nodes.some((n) => n.callFrame.functionName === 'burn'),
         'the busy function is in the profile',
@@ -160,29 +191,26 @@ describe('debug endpoints', () => {
     });
   });
 
-  it('stop the recording when the client goes away, and are free again', async () => {
+  it('stop the recording when the client goes away, and are free again', async (t) => {
+    const timers = mockTimers(t);
     await withServer(true, async (port) => {
-      await new Promise<void>((resolve) => {
-        const req = request({
-          host: '127.0.0.1',
-          port,
-          path: '/debug/pprof/profile?seconds=30',
-          agent: false,
-        });
-        req.on('error', () => resolve());
-        req.end();
-        setTimeout(() => {
-          req.destroy();
-          resolve();
-        }, 200);
+      const req = request({
+        host: '127.0.0.1',
+        port,
+        path: '/debug/pprof/profile?seconds=30',
+        agent: false,
       });
-      const t0 = Date.now();
+      req.on('error', () => {});
+      req.end();
+      await untilIo('the 30 s recording to start', () => timers.set(30_000));
+      req.destroy();
+      // Freed by the client going away, not by the end of its 30 s: the mocked clock never moves.
       let status = 409;
-      while (status === 409 && Date.now() - t0 < 5000) {
+      await untilIo('the endpoint to be free', async () => {
         status = (await get(port, '/debug/pprof/heap')).status;
-        if (status === 409) await new Promise((r) => setTimeout(r, 50));
-      }
-      assert.equal(status, 200, 'the aborted profile released the endpoint within 5 s');
+        return status !== 409;
+      });
+      assert.equal(status, 200, 'the aborted profile released the endpoint');
     });
   });
 });

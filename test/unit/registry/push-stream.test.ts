@@ -19,6 +19,16 @@ import { Fake, sha } from './fake-registry.ts';
 
 const MiB = 1024 * 1024;
 
+/** Whether process `pid` still exists (a reaped child does not). */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
 describe('pushSnapshot: large files upload as they are exported', () => {
   const fake = new Fake();
   const lifetime = new AbortController();
@@ -31,8 +41,9 @@ describe('pushSnapshot: large files upload as they are exported', () => {
   before(async () => {
     await fake.start();
     dir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-push-stream-'));
-    // `snapshot export <name> -o -`: the first $<name>_SPLIT bytes of <name>.tar, a pause
-    // (noting when it resumed), then the rest.
+    // `snapshot export <name> -o -` (noting its pid): the first $<name>_SPLIT bytes of
+    // <name>.tar, a pause (noting when it resumed), then the rest; with <name>.linger, it then
+    // lingers that many seconds before it exits (noting when it would have).
     const shim = path.join(dir, 'cocoon');
     fs.writeFileSync(
       shim,
@@ -40,12 +51,15 @@ describe('pushSnapshot: large files upload as they are exported', () => {
         '#!/usr/bin/env bash',
         'set -e',
         '[ "$1" = snapshot ] && [ "$2" = export ] || exit 2',
+        `echo $$ > "${dir}/$3.pid"`,
         `tarfile="${dir}/$3.tar"`,
         `split=$(cat "${dir}/$3.split")`,
         'head -c "$split" "$tarfile"',
         'sleep 0.4',
         `date +%s%3N > "${dir}/$3.resumed"`,
         'tail -c +$((split + 1)) "$tarfile"',
+        `if [ -f "${dir}/$3.linger" ]; then sleep "$(cat "${dir}/$3.linger")"; fi`,
+        `date +%s%3N > "${dir}/$3.exited"`,
         '',
       ].join('\n'),
       { mode: 0o755 },
@@ -175,16 +189,23 @@ describe('pushSnapshot: large files upload as they are exported', () => {
 
   it('the upload fails in the middle of the streamed file: the push fails (upload), the export is stopped, no manifest', async () => {
     await exportTar('snap-d', 'DDDDDDDDDDDDDDDDDDDDDDDDD4');
+    // After its tar the export lingers 30 s before it exits 0: within the 60 s a push allows
+    // an export to exit after its tar, so a push that waited for it would see it end by
+    // itself; far beyond the milliseconds a push takes to stop it once the upload failed.
+    fs.writeFileSync(path.join(dir, 'snap-d.linger'), '30');
     fake.patch416 = 1;
     const dirD = spool();
-    const started = Date.now();
     await assert.rejects(push('snap-d', dirD), (e: unknown) => {
       assert.ok(e instanceof SnapshotPushError, String(e));
       assert.equal(e.phase, 'upload', e.message);
       assert.match(e.message, /layer disk\.raw \(streamed\): .*cannot start over/);
       return true;
     });
-    assert.ok(Date.now() - started < 2000, 'no wait for the export to end by itself');
+    // No wait for the export to end by itself: when the push rejects, the export was killed
+    // (and reaped) before it got to its end.
+    const pid = Number(fs.readFileSync(path.join(dir, 'snap-d.pid'), 'utf8'));
+    assert.equal(alive(pid), false, 'the export was stopped');
+    assert.equal(fs.existsSync(path.join(dir, 'snap-d.exited')), false, 'it did not run to its end');
     assert.ok(!requests().some((x) => x.includes('/manifests/')), requests().join('\n'));
     assert.equal(fake.blobs.has(sha(disk)), false);
     assert.deepEqual(fs.readdirSync(dirD), []);
