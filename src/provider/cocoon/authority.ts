@@ -45,7 +45,11 @@ export function podRef(rec: PodRecord): { key: string; uid: string } {
 }
 
 /** The VM name a managed pod claims (create, before any cocoon call). */
-export function checkClaim(ctx: ProviderContext, rec: PodRecord, vmName: string): Verdict {
+export function checkClaim(
+  ctx: Pick<ProviderContext, 'ledger' | 'localSnapshots'>,
+  rec: PodRecord,
+  vmName: string,
+): Verdict {
   return mayClaimName(ownerOfRec(rec, vmName), {
     vm: ctx.ledger.vm(vmName),
     snapshot: ctx.ledger.snapshot(vmName),
@@ -54,32 +58,48 @@ export function checkClaim(ctx: ProviderContext, rec: PodRecord, vmName: string)
 }
 
 /** Adopting an existing VM for a managed pod. */
-export function checkAdopt(ctx: ProviderContext, rec: PodRecord, vm: VmRecord): Verdict {
+export function checkAdopt(ctx: Pick<ProviderContext, 'ledger'>, rec: PodRecord, vm: VmRecord): Verdict {
   return mayAdopt(ownerOfRec(rec, vm.name), vm, ctx.ledger.vm(vm.name));
 }
 
 /** Records the intent to make the pod's VM (before `vm clone`/`vm run`). */
-export async function intendVm(ctx: ProviderContext, rec: PodRecord, vmName: string): Promise<void> {
+export async function intendVm(
+  ctx: Pick<ProviderContext, 'ledger'>,
+  rec: PodRecord,
+  vmName: string,
+): Promise<void> {
   await ctx.ledger.intend('vm', vmName, ownerOfRec(rec, vmName), podRef(rec));
 }
 
 /** Confirms the pod's VM (bound after a bring-up or an adoption). */
-export async function confirmVm(ctx: ProviderContext, rec: PodRecord, vm: VmRecord): Promise<void> {
+export async function confirmVm(
+  ctx: Pick<ProviderContext, 'ledger'>,
+  rec: PodRecord,
+  vm: VmRecord,
+): Promise<void> {
   await ctx.ledger.confirm('vm', vm.name, vm.id, ownerOfRec(rec, vm.name), podRef(rec));
 }
 
 /** A local snapshot `name` may be written (saved, replaced) for `owner`. */
-export function checkSnapshotWrite(ctx: ProviderContext, owner: Owner, name: string): Verdict {
+export function checkSnapshotWrite(
+  ctx: Pick<ProviderContext, 'ledger' | 'localSnapshots'>,
+  owner: Owner,
+  name: string,
+): Verdict {
   return mayWriteSnapshot(owner, name, ctx.ledger.snapshot(name), ctx.localSnapshots.has(name));
 }
 
 /** A local snapshot may be removed for `owner` (its ledger entry is that identity's). */
-export function mayDropSnapshot(ctx: ProviderContext, owner: Owner, name: string): boolean {
+export function mayDropSnapshot(ctx: Pick<ProviderContext, 'ledger'>, owner: Owner, name: string): boolean {
   return mayRemove(owner, ctx.ledger.snapshot(name));
 }
 
 /** A local snapshot as the clone, fork, wake or restore source of a pod. */
-export function checkLocalSource(ctx: ProviderContext, rec: PodRecord, name: string): Verdict {
+export function checkLocalSource(
+  ctx: Pick<ProviderContext, 'ledger'>,
+  rec: PodRecord,
+  name: string,
+): Verdict {
   return mayUseLocalSource(rec.pod.metadata?.namespace ?? '', name, ctx.ledger.snapshot(name));
 }
 
@@ -94,7 +114,7 @@ export function checkRegistrySource(rec: PodRecord, ref: string, id: SnapshotIde
 
 /** Registry hibernated state as the pod's own, to wake or restore. */
 export function checkRestoreState(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'config'>,
   rec: PodRecord,
   ref: string,
   id: SnapshotIdentity,
@@ -109,7 +129,7 @@ export function checkRestoreState(
 
 /** Before a push of `<repo>:<tag>` for a record: the tag is absent or this identity's. */
 export async function checkPush(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'config' | 'store'>,
   rec: PodRecord,
   repo: string,
   tag: string,

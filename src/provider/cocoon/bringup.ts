@@ -63,7 +63,7 @@ export function isTransientCreateError(err: unknown): boolean {
  * registry source): the ledger decides for a local copy, the manifest's stamp (read before
  * anything is pulled) for the registry, and a pulled copy is ledgered under that stamp. */
 export async function cloneBringUp(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'config' | 'ledger' | 'sourceSizes' | 'store'>,
   rec: PodRecord,
   spec: VMSpec,
   puller: SnapshotPuller | undefined,
@@ -103,7 +103,7 @@ export async function cloneBringUp(
  * (clone, fork, restore and clone-from-dir alike). `nics` is `--nics` (a CH+Windows restore
  * hot-adds one). */
 export async function cloneFromSource(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'config'>,
   spec: VMSpec,
   source: { snapshot: SnapshotRecord } | { fromDir: string; hypervisor?: string },
   opts: { nics?: number } = {},
@@ -151,7 +151,11 @@ export function checkStorageCap(spec: Pick<VMSpec, 'storageBytes'>, capBytes: bi
   );
 }
 
-export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger): Promise<BringUpResult> {
+export async function runBringUp(
+  ctx: Pick<ProviderContext, 'cli' | 'config' | 'imageImporter'>,
+  spec: VMSpec,
+  log: Logger,
+): Promise<BringUpResult> {
   checkStorageCap(spec, ctx.config.maxVmStorageBytes);
   // With a registry, peek first: a cloud-image artifact is imported and booted under its local
   // name, a snapshot artifact refused; a registry error throws (transient), never a fallback
@@ -195,7 +199,11 @@ export async function runBringUp(ctx: ProviderContext, spec: VMSpec, log: Logger
   return { vm, clonedBoot: false, sourceImage: spec.image };
 }
 
-async function removeErrorRecord(ctx: ProviderContext, vmName: string, log: Logger): Promise<void> {
+async function removeErrorRecord(
+  ctx: Pick<ProviderContext, 'cli'>,
+  vmName: string,
+  log: Logger,
+): Promise<void> {
   try {
     const { stdout } = await ctx.cli.run(inspectArgv(vmName), { timeoutMs: SHORT_TIMEOUT_MS });
     const rec = parseVmRecord(stdout);
@@ -210,7 +218,11 @@ async function removeErrorRecord(ctx: ProviderContext, vmName: string, log: Logg
 
 /** The printed record, re-inspected once when it is not `running` or has pid 0. Any
  * failure here is a {@link SettleError}: the VM may exist. */
-async function settledRecord(ctx: ProviderContext, stdout: string, vmName: string): Promise<VmRecord> {
+async function settledRecord(
+  ctx: Pick<ProviderContext, 'cli'>,
+  stdout: string,
+  vmName: string,
+): Promise<VmRecord> {
   const printed = parseVmRecord(stdout);
   if (!printed.ok)
     throw new SettleError(`cocoon printed an unreadable VM record for ${vmName}: ${printed.error}`);
@@ -225,7 +237,10 @@ async function settledRecord(ctx: ProviderContext, stdout: string, vmName: strin
 }
 
 /** `vm inspect`; `undefined` only when cocoon says the VM is gone (never on inconclusive errors). */
-export async function inspectVm(ctx: ProviderContext, ref: string): Promise<VmRecord | undefined> {
+export async function inspectVm(
+  ctx: Pick<ProviderContext, 'cli'>,
+  ref: string,
+): Promise<VmRecord | undefined> {
   try {
     // Work on a VM that already exists goes before new clones in the call pool.
     const { stdout } = await ctx.cli.run(inspectArgv(ref), { timeoutMs: SHORT_TIMEOUT_MS, priority: 'high' });
@@ -239,7 +254,10 @@ export async function inspectVm(ctx: ProviderContext, ref: string): Promise<VmRe
 }
 
 /** Inspect with 2 attempts, 200 ms then 400 ms apart (adoption, docs/contracts/pod-to-vm.md "CreatePod" step 5). */
-export async function inspectWithRetry(ctx: ProviderContext, ref: string): Promise<VmRecord | undefined> {
+export async function inspectWithRetry(
+  ctx: Pick<ProviderContext, 'cli' | 'lifetime'>,
+  ref: string,
+): Promise<VmRecord | undefined> {
   let last: unknown;
   for (const delay of [200, 400]) {
     try {

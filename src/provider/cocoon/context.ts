@@ -149,6 +149,9 @@ export interface ProviderDeps {
   allocatable?: Allocatable;
   /** The provenance ledger: who each VM and snapshot the daemon made belongs to. */
   ledger: Ledger;
+  /** One ICMP echo for probes without a probe port (src/net/icmp.ts). Unset when the host
+   * cannot send ICMP: a resolved IP then counts as reachable (docs/decisions.md, "ICMP probes"). */
+  icmp?: (ip: string, withinMs?: number) => Promise<boolean>;
 }
 
 export interface ProviderContext extends ProviderDeps {
@@ -193,11 +196,36 @@ export interface ProviderContext extends ProviderDeps {
   bringUps: Map<string, { uid: string; abort: AbortController }>;
 }
 
+// The parts of the context a function takes. The operations (ops/*.ts) and the helpers they
+// call ask only for what they touch: an operation's type (next to it) is the intersection of
+// its callees' types and a Pick of the members none of those gives; callers pass the whole
+// context. The capabilities several modules share are here.
+
+/** The pod-status write path (publication/): the framework's status writer and the apiserver,
+ * the tracked records and the pod's queue, and what a status is computed from (config, node
+ * IP, lease file). */
+export type PublishCtx = Pick<
+  ProviderContext,
+  'config' | 'kube' | 'leases' | 'lifetime' | 'log' | 'nodeIP' | 'pods' | 'queue' | 'startupDoneAt' | 'status'
+>;
+
+/** A failed operation published (publication/lifecycle.ts, failOp): with an event and a metric. */
+export type FailOpCtx = PublishCtx & Pick<ProviderContext, 'events' | 'metrics'>;
+
+/** What a bring-up takes (ops/create.ts: claim, adoption, every source, bind, failure and
+ * retry; ops/drive.ts and ops/update.ts start one): nearly the whole context, so it is said
+ * that way. Only admission's figures and verdicts, the ICMP probe, the taint-eviction keep-list,
+ * deferred pushes and the VM-death tables (ops/vm-events.ts) are out of its reach. */
+export type BringUpCtx = Omit<
+  ProviderContext,
+  'allocatable' | 'icmp' | 'keptEvicted' | 'pushDeferred' | 'rejected' | 'vmRechecks' | 'vmRestarts'
+>;
+
 export function generationOf(pod: V1Pod): bigint {
   return parseGeneration(pod.metadata?.annotations?.[GENERATION]);
 }
 
-export function logFor(ctx: ProviderContext, rec: PodRecord): Logger {
+export function logFor(ctx: Pick<ProviderContext, 'log'>, rec: PodRecord): Logger {
   return ctx.log.child({ pod: rec.key, vm: rec.spec?.vmName ?? rec.vm?.name, vmId: rec.vm?.id });
 }
 
@@ -211,6 +239,6 @@ export function decodeSpec(pod: V1Pod) {
 }
 
 /** True while `rec` is still the tracked incarnation (R2/R9 guard, part 1). */
-export function isCurrent(ctx: ProviderContext, rec: PodRecord): boolean {
+export function isCurrent(ctx: Pick<ProviderContext, 'pods'>, rec: PodRecord): boolean {
   return ctx.pods.get(rec.key) === rec && !rec.deleting;
 }

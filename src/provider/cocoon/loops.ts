@@ -171,6 +171,7 @@ export class Loops {
         await refreshIp(ctx, rec);
       },
       onDuration: (s) => ctx.metrics.probeDuration(rec.pod.metadata?.namespace ?? '', s),
+      icmp: ctx.icmp,
       log: logFor(ctx, rec),
       ready: opts.ready,
     });

@@ -2,9 +2,9 @@
 // src/lifecycle/probe.ts; this module only performs probes and fires the transition
 // callback. Probe kinds:
 // - `vm.cocoonstack.io/probe-port` set: TCP connect to ip:port (3 s timeout);
-// - otherwise ICMP echo. Node.js cannot open raw ICMP sockets, so without a probe port the
-//   probe degrades to "IP resolved means reachable", as the spec allows when the process
-//   lacks the capability to send ICMP (logged once per process).
+// - otherwise one ICMP echo (src/net/icmp.ts, through fping). A host that cannot send ICMP
+//   (no fping, no CAP_NET_RAW: found at startup) degrades to "IP resolved means reachable",
+//   as the Go daemon does without the capability (logged once per process).
 import { Socket } from 'node:net';
 import {
   initialProbeState,
@@ -14,6 +14,7 @@ import {
   type ProbeState,
 } from '../../lifecycle/probe.ts';
 import type { Logger } from '../../log.ts';
+import { READY_WINDOW_MS } from '../../net/icmp.ts';
 
 export interface ProbeTarget {
   ip: string;
@@ -26,6 +27,9 @@ export interface ProbeAgentOptions {
   refreshIp: () => Promise<void>;
   onTransition: (ready: boolean) => void;
   onDuration: (seconds: number) => void;
+  /** One ICMP echo to `ip`, sent within `withinMs` (batched with others meanwhile);
+   * `undefined` when the host cannot send ICMP (the IP counts). */
+  icmp: ((ip: string, withinMs?: number) => Promise<boolean>) | undefined;
   log: Logger;
   /** Start from a ready probe (a restart keeps the published result until the probe says
    * otherwise: 3 failures, as for any ready probe). */
@@ -68,9 +72,9 @@ export class ProbeAgent {
     clearTimeout(this.#timer);
   }
 
-  /** The provider saw the probe's success condition itself (no probe port: the IP resolved)
-   * and published Ready with it: the cadence continues as after a success, without a
-   * transition of its own. */
+  /** The provider saw the probe succeed itself (its synchronous first probe at the ready
+   * publication) and published Ready with it: the cadence continues as after a success,
+   * without a transition of its own. */
   assumeReady(): void {
     if (this.#stopped || this.#state.ready) return;
     this.#state = nextProbeStep(this.#state, 'success').state;
@@ -86,11 +90,12 @@ export class ProbeAgent {
     if (!target) return false; // vm gone
     if (target.ip === '') return false; // waiting for dhcp lease
     if (target.port !== undefined) return await tcpProbe(target.ip, target.port);
+    // A ready pod's echo may wait up to a second to share a run with others: its 5 s cadence
+    // does not need the precision, and the host's CPU does (src/net/icmp.ts).
+    if (this.#o.icmp) return await this.#o.icmp(target.ip, this.#state.ready ? READY_WINDOW_MS : undefined);
     if (!icmpNoticeLogged) {
       icmpNoticeLogged = true;
-      this.#o.log.info(
-        'no ICMP capability in Node.js: probes without a probe-port treat a resolved IP as reachable',
-      );
+      this.#o.log.info('no ICMP on this host: probes without a probe-port treat a resolved IP as reachable');
     }
     return true;
   }

@@ -21,7 +21,7 @@ const REMOVE_TIMEOUT_MS = 10_000;
  * index empty (`undefined`): a stale `fork-<vmName>` is then left in place (a warning says
  * so), never a reason not to start. */
 export async function indexLocalSnapshots(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'localSnapshots' | 'log'>,
 ): Promise<readonly SnapshotRecord[] | undefined> {
   try {
     const { stdout } = await ctx.cli.run(snapshotListArgv(), { timeoutMs: 60_000 });
@@ -41,7 +41,7 @@ export async function indexLocalSnapshots(
  * the ledger gives to the same identity (a previous save of this VM, a stale fork) is removed,
  * retried while it is leased, and the save runs once more. */
 export async function saveSnapshot(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
   name: string,
   vmId: string,
   opts: { signal?: AbortSignal; log: Logger; owner: Owner; pod: LedgerPod },
@@ -76,7 +76,7 @@ export async function saveSnapshot(
  * active …` is retried for up to 30 s), then the name leaves the index and the ledger. Other
  * failures throw. */
 export async function removeSnapshot(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
   ref: string,
   opts: { signal?: AbortSignal; leasedRetryMs?: number } = {},
 ): Promise<void> {
@@ -90,7 +90,11 @@ export async function removeSnapshot(
 }
 
 /** Best-effort removal (logged, never thrown). */
-export async function dropSnapshot(ctx: ProviderContext, ref: string, log: Logger): Promise<void> {
+export async function dropSnapshot(
+  ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
+  ref: string,
+  log: Logger,
+): Promise<void> {
   try {
     await removeSnapshot(ctx, ref);
   } catch (err) {

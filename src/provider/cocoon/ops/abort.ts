@@ -12,10 +12,13 @@ import { currentOpSignal, runWithOpSignal } from '../../../util/op-signal.ts';
 import type { ProviderContext } from '../context.ts';
 import type { PodRecord } from '../state.ts';
 
+/** The bring-ups queued or running, by pod key. */
+export type AbortCtx = Pick<ProviderContext, 'bringUps'>;
+
 /** Wraps a bring-up for the pod's queue: registered at once (a delete that arrives while it
  * is still queued stops it before it starts), run under its abort signal. */
 export function abortableBringUp(
-  ctx: ProviderContext,
+  ctx: AbortCtx,
   rec: PodRecord,
   task: () => Promise<void>,
 ): () => Promise<void> {
@@ -33,7 +36,7 @@ export function abortableBringUp(
 
 /** Aborts the bring-up of the pod incarnation `uid`, if one is queued or running; true when
  * there was one (the delete then looks for what it left by name). */
-export function abortBringUp(ctx: ProviderContext, key: string, uid: string | undefined): boolean {
+export function abortBringUp(ctx: AbortCtx, key: string, uid: string | undefined): boolean {
   const running = ctx.bringUps.get(key);
   if (!running || running.uid !== uid) return false;
   ctx.bringUps.delete(key);

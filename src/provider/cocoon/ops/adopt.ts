@@ -18,13 +18,20 @@ import { logFor, type ProviderContext } from '../context.ts';
 import { publish } from '../publication/held.ts';
 import { flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { bindVm, type PodRecord, setIp, setProbeReady } from '../state.ts';
-import { bind } from './bind.ts';
-import { createFailed } from './failure.ts';
+import { type BindCtx, bind } from './bind.ts';
+import { createFailed, type FailureCtx } from './failure.ts';
+
+/** An unmanaged pod's VM: inspected, checked against the ledger, published; or a create failure. */
+export type AdoptUnmanagedCtx = FailureCtx & Pick<ProviderContext, 'cli' | 'ledger'>;
+/** The VM of a failed bring-up, found under the pod's name: bound like a new one. */
+export type SalvageCtx = BindCtx & Pick<ProviderContext, 'cli' | 'ledger' | 'metrics'>;
+/** Adoption of a kept orphan by name (or a create failure when it cannot be inspected). */
+export type AdoptCtx = AdoptUnmanagedCtx & SalvageCtx & Pick<ProviderContext, 'orphansByName'>;
 
 /** An unmanaged pod names its VM in `vm.cocoonstack.io/id`, written by its operator. That
  * is pod-authored input: only a full VM ID of a VM on this host that no other pod holds is
  * accepted; the VM is never touched. */
-export async function adoptUnmanaged(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<void> {
+export async function adoptUnmanaged(ctx: AdoptUnmanagedCtx, rec: PodRecord, spec: VMSpec): Promise<void> {
   const ann = rec.pod.metadata?.annotations ?? {};
   const id = ann[VM_ID] ?? '';
   const ip = ann[VM_IP] ?? '';
@@ -68,7 +75,7 @@ export async function adoptUnmanaged(ctx: ProviderContext, rec: PodRecord, spec:
 
 /** A VM kept at startup (orphan policy) with the pod's VM name is adopted, not re-cloned.
  * True when the create is settled (adopted, or failed on an inconclusive inspect). */
-export async function adoptByName(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<boolean> {
+export async function adoptByName(ctx: AdoptCtx, rec: PodRecord, spec: VMSpec): Promise<boolean> {
   const indexed = ctx.orphansByName.get(spec.vmName);
   if (!indexed) return false;
   let vm: VmRecord | undefined;
@@ -102,7 +109,7 @@ export async function adoptByName(ctx: ProviderContext, rec: PodRecord, spec: VM
 /** After a failed bring-up: the VM with the pod's name, if one exists, is running and no
  * other pod holds it, is adopted (the clone did happen). */
 export async function salvageByName(
-  ctx: ProviderContext,
+  ctx: SalvageCtx,
   rec: PodRecord,
   spec: VMSpec,
   err: unknown,

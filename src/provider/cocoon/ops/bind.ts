@@ -7,7 +7,7 @@ import {
   VM_ID,
   VM_IP,
 } from '../../../contract/annotations.ts';
-import { isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { isCurrent, logFor, type ProviderContext, type PublishCtx } from '../context.ts';
 import { hold, holding, patchAnnotations, publish } from '../publication/held.ts';
 import { stageLifecycle } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
@@ -23,9 +23,14 @@ import {
 } from '../state.ts';
 import { cancelRetry } from './failure.ts';
 
+/** A bind publishes the VM, starts its probe and enqueues the readiness reconcile. */
+export type BindCtx = PublishCtx & Pick<ProviderContext, 'reconcileSoon' | 'startProbe'>;
+/** A detach drops the record, its probe and its retry, and indexes its VM by name. */
+export type DetachCtx = Pick<ProviderContext, 'orphansByName' | 'pods' | 'probes' | 'retryTimers'>;
+
 /** Binds a VM the pod now holds: id/ip annotations (UID-fenced), probe, status, reconcile. */
 export async function bind(
-  ctx: ProviderContext,
+  ctx: BindCtx,
   rec: PodRecord,
   vm: VmRecord,
   opts: { clonedBoot: boolean; sourceImage?: string; bootOp?: BootOp; chWindowsRestore?: boolean },
@@ -64,7 +69,7 @@ export async function bind(
 }
 
 /** Detaches a superseded incarnation: its VM is indexed by name for adoption by the next one. */
-export function detach(ctx: ProviderContext, rec: PodRecord): void {
+export function detach(ctx: DetachCtx, rec: PodRecord): void {
   supersedeJobs(rec, 'superseded by a new incarnation');
   takeHeld(rec);
   cancelRetry(ctx, rec.key);

@@ -20,7 +20,7 @@ import {
   runBringUp,
 } from '../bringup.ts';
 import { holderOfName, holderOfVm } from '../claims.ts';
-import { decodeSpec, generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { type BringUpCtx, decodeSpec, generationOf, isCurrent, logFor } from '../context.ts';
 import { publish } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import {
@@ -49,7 +49,7 @@ function nameHeldMessage(vmName: string, holder: PodRecord): string {
 
 /** Validation and the claim of a create attempt (inside the pod's queue). Returns the
  * record when a bring-up is owed. */
-export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord | undefined> {
+export async function claim(ctx: BringUpCtx, pod: V1Pod): Promise<PodRecord | undefined> {
   const key = keyOf(pod);
   const uid = pod.metadata?.uid ?? '';
   const existing = ctx.pods.get(key);
@@ -147,7 +147,7 @@ export async function claim(ctx: ProviderContext, pod: V1Pod): Promise<PodRecord
 }
 
 /** Queues the bring-up of a claimed record behind whatever the pod's queue holds. */
-export function startBringUp(ctx: ProviderContext, rec: PodRecord): void {
+export function startBringUp(ctx: BringUpCtx, rec: PodRecord): void {
   setBringingUp(rec, true);
   void ctx.queue
     .run(
@@ -158,7 +158,7 @@ export function startBringUp(ctx: ProviderContext, rec: PodRecord): void {
 }
 
 /** The bring-up (clone or run) of a claimed record, in the pod's queue. */
-async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+async function bringUp(ctx: BringUpCtx, rec: PodRecord): Promise<void> {
   try {
     if (!isCurrent(ctx, rec) || rec.vm || !rec.spec?.managed) return;
     const spec = rec.spec;
@@ -219,7 +219,7 @@ async function bringUp(ctx: ProviderContext, rec: PodRecord): Promise<void> {
 
 /** The bring-up of a planned source. */
 async function bringUpFrom(
-  ctx: ProviderContext,
+  ctx: BringUpCtx,
   rec: PodRecord,
   spec: VMSpec,
   plan: SourcePlan,
@@ -249,7 +249,7 @@ async function bringUpFrom(
 /** A failed bring-up: a wake fails the pod with a `wake: ` message and is op-retried; a
  * create records its failure (retried on backoff when transient, ops/failure.ts). */
 async function bringUpFailed(
-  ctx: ProviderContext,
+  ctx: BringUpCtx,
   rec: PodRecord,
   plan: SourcePlan | undefined,
   err: unknown,
@@ -284,7 +284,7 @@ async function bringUpFailed(
 }
 
 /** Hibernate requested and the state is saved: the pod is `hibernated`, with no VM. */
-async function confirmHibernated(ctx: ProviderContext, rec: PodRecord, where: string): Promise<void> {
+async function confirmHibernated(ctx: BringUpCtx, rec: PodRecord, where: string): Promise<void> {
   setWaking(rec, false);
   if (stageLifecycle(ctx, rec, 'hibernated')) {
     setStep(rec, 'Hibernated');

@@ -47,10 +47,16 @@ export function pushWindowMs(pod: V1Pod, nowMs: number): number {
   return Math.max(0, left - DELETE_RESERVE_MS);
 }
 
+/** The save and push before a removal, or the push deferred (the ledger, ctx.pushDeferred). */
+export type DeleteSnapshotCtx = Pick<
+  ProviderContext,
+  'cli' | 'config' | 'events' | 'ledger' | 'localSnapshots' | 'metrics' | 'pushDeferred' | 'store'
+>;
+
 /** `'deferred'` when the state was saved locally and its push deferred (the local snapshot is
  * then kept), else `'done'`. Throws {@link SnapshotKeptVm} when the VM must be kept. */
 export async function snapshotBeforeDelete(
-  ctx: ProviderContext,
+  ctx: DeleteSnapshotCtx,
   rec: PodRecord,
   pod: V1Pod,
   vm: VmRecord,
@@ -136,7 +142,7 @@ const errText = (err: unknown) => (err instanceof Error ? err.message : String(e
 
 /** Records the deferred push (durably, before the VM goes: a failed write keeps the VM). */
 async function defer(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'events' | 'ledger' | 'metrics' | 'pushDeferred'>,
   rec: PodRecord,
   keep: boolean,
   vmName: string,
@@ -180,7 +186,13 @@ async function defer(
 /** A delete-time snapshot the authority rules refuse (never over another identity's tag or
  * snapshot, or a base image) is skipped loudly and the delete goes on: a refusal never
  * changes, so waiting would strand the pod Terminating. */
-function refused(ctx: ProviderContext, rec: PodRecord, what: string, why: string, log: Logger): void {
+function refused(
+  ctx: Pick<ProviderContext, 'events'>,
+  rec: PodRecord,
+  what: string,
+  why: string,
+  log: Logger,
+): void {
   const message = `delete: ${what} not written: ${why}; VM ${rec.vm?.name ?? ''} is removed without its delete-time snapshot`;
   ctx.events.event(rec.pod, 'Warning', 'SnapshotPushRefused', truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
   log.warn(message);

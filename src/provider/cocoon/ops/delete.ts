@@ -18,13 +18,21 @@ import { logFor, type ProviderContext } from '../context.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import { dropSnapshot } from '../snapshots.ts';
 import { markDeleted, type PodRecord, setDeleting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
-import { SnapshotKeptVm, snapshotBeforeDelete } from './delete-snapshot.ts';
-import { evictedByTaint, keepEvictedVm } from './evicted.ts';
+import { type DeleteSnapshotCtx, SnapshotKeptVm, snapshotBeforeDelete } from './delete-snapshot.ts';
+import { evictedByTaint, type KeepEvictedCtx, keepEvictedVm } from './evicted.ts';
 import { cancelRetry } from './failure.ts';
 import { reconcileOnce } from './stale.ts';
 
+/** A delete: the snapshot before it, the VM's removal or its keeping, leases, local snapshots. */
+export type DeleteCtx = DeleteSnapshotCtx &
+  KeepEvictedCtx &
+  ReleaseCtx &
+  Pick<ProviderContext, 'orphansByName' | 'pods' | 'probes' | 'retryTimers'>;
+/** The lease release after a confirmed removal (every op that removes a VM). */
+export type ReleaseCtx = Pick<ProviderContext, 'config' | 'log' | 'metrics'>;
+
 export async function deletePod(
-  ctx: ProviderContext,
+  ctx: DeleteCtx,
   pod: V1Pod,
   key: string,
   opts: { abortedBringUp?: boolean } = {},
@@ -100,7 +108,7 @@ export async function deletePod(
  * once its creator is dead (only cocoon knows; ops/stale.ts); any other is removed and its
  * leases released. Anything inconclusive throws: the delete fails and is retried, so the pod
  * never finishes deleting with its VM left behind. */
-async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger): Promise<void> {
+async function removeLeftover(ctx: DeleteCtx, rec: PodRecord, log: Logger): Promise<void> {
   const name = rec.spec?.managed ? rec.spec.vmName : '';
   if (!name || holderOfName(ctx.pods, rec.key, name)) return;
   // Only what the ledger gives to this pod's identity (its intent, written before the
@@ -138,7 +146,7 @@ async function removeLeftover(ctx: ProviderContext, rec: PodRecord, log: Logger)
 /** `<vmName>` (unless its deferred push still needs it) and `fork-<vmName>`, each only when the ledger gives it to this pod's identity
  * (a base image or another tenant's snapshot of that name is never removed). */
 async function dropOwnSnapshots(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
   rec: PodRecord,
   vmName: string,
   log: Logger,
@@ -153,7 +161,7 @@ async function dropOwnSnapshots(
 }
 
 /** Releases the DHCP leases of a removed VM's NICs through cocoon-net's control socket. */
-export async function releaseLeases(ctx: ProviderContext, vm: VmRecord): Promise<void> {
+export async function releaseLeases(ctx: ReleaseCtx, vm: VmRecord): Promise<void> {
   const macs = [
     ...new Set(
       vm.nics
@@ -170,7 +178,7 @@ export async function releaseLeases(ctx: ProviderContext, vm: VmRecord): Promise
   }
 }
 
-function forget(ctx: ProviderContext, rec: PodRecord): void {
+function forget(ctx: Pick<ProviderContext, 'pods'>, rec: PodRecord): void {
   supersedeJobs(rec, 'forgotten');
   takeHeld(rec);
   if (ctx.pods.get(rec.key) === rec) ctx.pods.delete(rec.key);

@@ -11,18 +11,28 @@
 //
 // Runs in the pod's queue; it never starts a second operation while one is in flight.
 import { inspectVm } from '../bringup.ts';
-import { isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { type BringUpCtx, isCurrent, logFor } from '../context.ts';
 import { hold } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { backendOf } from '../readiness/facts.ts';
 import { clearedRuntime } from '../record-types.ts';
 import { type PodRecord, refreshVm, setCreateFailure, setOpRetry, setStep, setWaking } from '../state.ts';
 import { startBringUp } from './create.ts';
-import { evict } from './evict.ts';
-import { backToCreating, dropsNic, HIBERNATE_PREFIX, startHibernate } from './hibernate.ts';
+import { type EvictCtx, evict } from './evict.ts';
+import {
+  backToCreating,
+  dropsNic,
+  HIBERNATE_PREFIX,
+  type HibernateCtx,
+  startHibernate,
+} from './hibernate.ts';
 import { restoreNic } from './hibernate-end.ts';
 import { hibernateEvidence, wakeOwed } from './restore.ts';
 import { retryPending, scheduleOpRetry } from './retry.ts';
+
+/** Nearly the whole context (a drive may evict, hibernate, lift or wake, which starts a
+ * bring-up): see BringUpCtx in context.ts. */
+export type DriveCtx = BringUpCtx & EvictCtx & HibernateCtx;
 
 /** A hibernate that did not finish left the VM: it goes back to ready when withdrawn. */
 function liftOwed(rec: PodRecord): boolean {
@@ -31,7 +41,7 @@ function liftOwed(rec: PodRecord): boolean {
   return state === 'hibernating' || (state === 'failed' && message.startsWith(HIBERNATE_PREFIX));
 }
 
-export async function driveOps(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+export async function driveOps(ctx: DriveCtx, rec: PodRecord): Promise<void> {
   // An eviction whose delete failed is re-driven first (ops/evict.ts).
   if (rec.evicting && isCurrent(ctx, rec)) {
     await evict(ctx, rec, rec.evicting.reason, rec.evicting.message);
@@ -59,7 +69,7 @@ export async function driveOps(ctx: ProviderContext, rec: PodRecord): Promise<vo
 /** Hibernate requested, no VM, the last hibernate unfinished: `hibernated` when its snapshot is
  * in the registry (or local store), else `failed` "hibernated state lost" (not a `hibernate: `
  * failure: nothing re-runs it). A registry that does not answer ⇒ op retry. */
-async function confirmFromEvidence(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+async function confirmFromEvidence(ctx: DriveCtx, rec: PodRecord): Promise<void> {
   const spec = rec.spec;
   if (!spec) return;
   let found: Awaited<ReturnType<typeof hibernateEvidence>>;
@@ -91,7 +101,7 @@ async function confirmFromEvidence(ctx: ProviderContext, rec: PodRecord): Promis
 
 /** Lift (UpdatePod row 10): a CH VM must answer a live inspect as running first; then
  * `creating` and the readiness reconcile publishes ready. Inconclusive ⇒ op retry. */
-async function lift(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+async function lift(ctx: DriveCtx, rec: PodRecord): Promise<void> {
   const vm = rec.vm;
   if (!vm) return;
   const log = logFor(ctx, rec);
@@ -123,7 +133,7 @@ async function lift(ctx: ProviderContext, rec: PodRecord): Promise<void> {
 
 /** Wake (docs/contracts/pod-to-vm.md, "Wake"): `creating` with the stale runtime annotations
  * cleared in the same write, then a bring-up that restores the hibernated state. */
-export async function startWake(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+export async function startWake(ctx: DriveCtx, rec: PodRecord): Promise<void> {
   if (!stageLifecycle(ctx, rec, 'creating')) return;
   hold(ctx, rec, { annotations: clearedRuntime() });
   setWaking(rec, true);

@@ -5,19 +5,17 @@
 // loses its provider record.
 import { apiStatus, withSignal } from '../../../kube/client.ts';
 import { pause } from '../../../util/deadline.ts';
-import { logFor, type ProviderContext } from '../context.ts';
+import { logFor, type ProviderContext, type PublishCtx } from '../context.ts';
 import { publish } from '../publication/held.ts';
 import { statusOf } from '../publication/status.ts';
 import { supersedeJobs } from '../readiness/jobs.ts';
 import { markDeleted, type PodRecord, setEvicting, setHibernateOp, setOpRetry, takeHeld } from '../state.ts';
 import { cancelRetry } from './failure.ts';
 
-export async function evict(
-  ctx: ProviderContext,
-  rec: PodRecord,
-  reason: string,
-  message: string,
-): Promise<void> {
+/** An eviction: the Failed status, the UID-fenced pod delete, the record and its probe dropped. */
+export type EvictCtx = PublishCtx & Pick<ProviderContext, 'events' | 'metrics' | 'probes' | 'retryTimers'>;
+
+export async function evict(ctx: EvictCtx, rec: PodRecord, reason: string, message: string): Promise<void> {
   const log = logFor(ctx, rec);
   setEvicting(rec, { reason, message });
   // The Failed status goes first, and is waited for: once the pod has a deletionTimestamp the

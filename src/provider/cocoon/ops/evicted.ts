@@ -16,7 +16,13 @@ import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import type { Logger } from '../../../log.ts';
 import type { ProviderContext } from '../context.ts';
 import type { PodRecord } from '../state.ts';
-import { releaseLeases } from './delete.ts';
+import { type ReleaseCtx, releaseLeases } from './delete.ts';
+
+/** The VM of a taint-evicted pod, kept and indexed for a replacement. */
+export type KeepEvictedCtx = Pick<ProviderContext, 'events' | 'keptEvicted' | 'orphansByName'>;
+/** The tick's sweep of kept VMs: removal (no push) of the ones no replacement adopted. */
+export type SweepEvictedCtx = ReleaseCtx &
+  Pick<ProviderContext, 'cli' | 'keptEvicted' | 'ledger' | 'orphansByName' | 'pods'>;
 
 /** How long a VM kept after a taint eviction waits for a replacement on this node. */
 export const EVICTED_KEEP_MS = 10 * 60_000;
@@ -44,7 +50,7 @@ export function keptVerdict(
 }
 
 /** DeletePod of a taint-evicted pod: the VM is kept and indexed for a replacement. */
-export function keepEvictedVm(ctx: ProviderContext, rec: PodRecord, vm: VmRecord, log: Logger): void {
+export function keepEvictedVm(ctx: KeepEvictedCtx, rec: PodRecord, vm: VmRecord, log: Logger): void {
   ctx.orphansByName.set(vm.name, vm);
   ctx.keptEvicted.set(vm.name, { vmId: vm.id, at: performance.now() });
   ctx.events.event(
@@ -58,7 +64,7 @@ export function keepEvictedVm(ctx: ProviderContext, rec: PodRecord, vm: VmRecord
 
 /** The tick's sweep of kept VMs: an adopted one is forgotten, an expired one removed (only the
  * very VM the ledger gives to vk-cocoon; never pushed). */
-export async function sweepKeptEvicted(ctx: ProviderContext, now = performance.now()): Promise<void> {
+export async function sweepKeptEvicted(ctx: SweepEvictedCtx, now = performance.now()): Promise<void> {
   for (const [name, kept] of ctx.keptEvicted) {
     const claimed = [...ctx.pods.values()].some((r) => r.spec?.managed && r.spec.vmName === name);
     const verdict = keptVerdict(kept, ctx.orphansByName.get(name), claimed, now);

@@ -6,7 +6,7 @@
 import { EVENT_MESSAGE_MAX_BYTES, MESSAGE_MAX_BYTES } from '../../../contract/annotations.ts';
 import { monoNow } from '../../../util/mono-clock.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
-import { generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { type FailOpCtx, generationOf, isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { createInputsKey } from '../inputs.ts';
 import { publish } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
@@ -17,8 +17,11 @@ import { type PodRecord, setCreateFailure, setStep } from '../state.ts';
 export const CREATE_RETRY_BASE_MS = 10_000;
 export const CREATE_RETRY_MAX_MS = 5 * 60_000;
 
+/** A create failure published, and the timer of its retry (which ctx.retryCreate starts). */
+export type FailureCtx = FailOpCtx & Pick<ProviderContext, 'retryCreate' | 'retryTimers'>;
+
 export async function createFailed(
-  ctx: ProviderContext,
+  ctx: FailureCtx,
   rec: PodRecord,
   reason: string,
   message: string,
@@ -97,7 +100,11 @@ export function parkFailed(rec: PodRecord, message: string, generation: bigint):
   });
 }
 
-function scheduleRetry(ctx: ProviderContext, rec: PodRecord, delayMs: number): void {
+function scheduleRetry(
+  ctx: Pick<ProviderContext, 'pods' | 'queue' | 'retryCreate' | 'retryTimers'>,
+  rec: PodRecord,
+  delayMs: number,
+): void {
   cancelRetry(ctx, rec.key);
   const t = setTimeout(() => {
     ctx.retryTimers.delete(rec.key);
@@ -114,7 +121,7 @@ function scheduleRetry(ctx: ProviderContext, rec: PodRecord, delayMs: number): v
   ctx.retryTimers.set(rec.key, t);
 }
 
-export function cancelRetry(ctx: ProviderContext, key: string): void {
+export function cancelRetry(ctx: Pick<ProviderContext, 'retryTimers'>, key: string): void {
   clearTimeout(ctx.retryTimers.get(key));
   ctx.retryTimers.delete(key);
 }

@@ -7,7 +7,7 @@ import { parseVmRecord } from '../../../cocoon/records.ts';
 import { CocoonCommandError } from '../../../cocoon/runner.ts';
 import { VM_ID, VM_IP } from '../../../contract/annotations.ts';
 import type { Logger } from '../../../log.ts';
-import { isCurrent, type ProviderContext } from '../context.ts';
+import { type FailOpCtx, isCurrent, type ProviderContext, type PublishCtx } from '../context.ts';
 import { hold, writePod } from '../publication/held.ts';
 import { failOp, flushIntent, stageLifecycle } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
@@ -22,8 +22,17 @@ import {
   setStep,
   unbindVm,
 } from '../state.ts';
-import { releaseLeases } from './delete.ts';
-import { scheduleOpRetry } from './retry.ts';
+import { type ReleaseCtx, releaseLeases } from './delete.ts';
+import { type OpRetryCtx, scheduleOpRetry } from './retry.ts';
+
+/** The commit and the rollback of a hibernate, inside the pod's queue. */
+export type HibernateEndCtx = BackToCreatingCtx &
+  FailOpCtx &
+  OpRetryCtx &
+  ReleaseCtx &
+  Pick<ProviderContext, 'cli' | 'ledger' | 'probes' | 'store'>;
+/** A kept VM back to ready: `creating`, then the reconcile. */
+export type BackToCreatingCtx = PublishCtx & Pick<ProviderContext, 'reconcileSoon'>;
 
 /** Every hibernate failure message starts with this (a withdrawn request lifts it). */
 export const HIBERNATE_PREFIX = 'hibernate: ';
@@ -50,13 +59,13 @@ export class PhaseFailure extends Error {
 }
 
 /** True while `op` is the hibernate of the tracked incarnation and its VM. */
-export function owns(ctx: ProviderContext, rec: PodRecord, op: HibernateOp): boolean {
+export function owns(ctx: Pick<ProviderContext, 'pods'>, rec: PodRecord, op: HibernateOp): boolean {
   return isCurrent(ctx, rec) && rec.hibernate === op && rec.vm?.id === op.vmId;
 }
 
 /** Inside the queue: clear the id, remove the VM, `hibernated`. */
 export async function commit(
-  ctx: ProviderContext,
+  ctx: HibernateEndCtx,
   rec: PodRecord,
   op: HibernateOp,
   done: { nicDropped: boolean; pushed: boolean },
@@ -122,7 +131,7 @@ export async function commit(
 /** Inside the queue, bounded: the VM keeps running with its id published; `failed` with a
  * `hibernate: ` message; the op retry tries again. */
 export async function rollback(
-  ctx: ProviderContext,
+  ctx: HibernateEndCtx,
   rec: PodRecord,
   op: HibernateOp,
   failure: PhaseFailure,
@@ -147,7 +156,11 @@ export async function rollback(
 
 /** Re-adds the NIC a CH+Windows hibernate dropped: new MAC, DHCP IP cleared until the new
  * lease, and a detached `ipconfig /renew`. */
-export async function restoreNic(ctx: ProviderContext, rec: PodRecord, log: Logger): Promise<void> {
+export async function restoreNic(
+  ctx: Pick<ProviderContext, 'cli'>,
+  rec: PodRecord,
+  log: Logger,
+): Promise<void> {
   const vm = rec.vm;
   if (!vm) return;
   const signal = AbortSignal.timeout(ROLLBACK_BUDGET_MS);
@@ -163,14 +176,14 @@ export async function restoreNic(ctx: ProviderContext, rec: PodRecord, log: Logg
 }
 
 /** `ipconfig /renew` in the guest, not awaited (the rollback is bounded without it). */
-export function renewDetached(ctx: ProviderContext, vmId: string, log: Logger): void {
+export function renewDetached(ctx: Pick<ProviderContext, 'cli'>, vmId: string, log: Logger): void {
   void ctx.cli
     .run(execArgv({ vmId, command: ['cmd', '/c', 'ipconfig', '/renew'] }), { timeoutMs: 20_000 })
     .catch((err: unknown) => log.warn({ err: errText(err) }, 'ipconfig /renew failed'));
 }
 
 /** The provider deletes `:hibernate` only to undo its own hibernate (docs/registry.md, "Rules the operator relies on"). */
-async function deleteOwnTag(ctx: ProviderContext, vmName: string, log: Logger): Promise<void> {
+async function deleteOwnTag(ctx: Pick<ProviderContext, 'store'>, vmName: string, log: Logger): Promise<void> {
   try {
     await ctx.store?.deleteTag(vmName, 'hibernate', AbortSignal.timeout(ROLLBACK_BUDGET_MS));
   } catch (err) {
@@ -179,7 +192,7 @@ async function deleteOwnTag(ctx: ProviderContext, vmName: string, log: Logger): 
 }
 
 /** The VM is kept and goes back through `creating` to a ready publication. */
-export async function backToCreating(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+export async function backToCreating(ctx: BackToCreatingCtx, rec: PodRecord): Promise<void> {
   if (!stageLifecycle(ctx, rec, 'creating')) return;
   restartReadyClock(rec);
   setStep(rec, 'Resuming');

@@ -19,9 +19,12 @@ import { supersedeJobs } from '../readiness/jobs.ts';
 import type { HibernateOp, HibernatePhase } from '../record-types.ts';
 import { saveSnapshot } from '../snapshots.ts';
 import { type PodRecord, setHibernateOp, setStep } from '../state.ts';
-import { commit, PhaseFailure, renewDetached, rollback } from './hibernate-end.ts';
+import { commit, type HibernateEndCtx, PhaseFailure, renewDetached, rollback } from './hibernate-end.ts';
 
 export { backToCreating, HIBERNATE_PREFIX } from './hibernate-end.ts';
+
+/** A hibernate: its phases (NIC drop, save, push) outside the queue, then the commit or rollback. */
+export type HibernateCtx = HibernateEndCtx & Pick<ProviderContext, 'localSnapshots' | 'peer'>;
 
 /** Budget of each phase; the deadlines of a hibernate are fixed when it starts. */
 export const PHASE_BUDGET_MS: Readonly<Record<HibernatePhase, number>> = {
@@ -49,7 +52,7 @@ function phasesOf(rec: PodRecord, withRegistry: boolean): HibernatePhase[] {
 }
 
 /** Starts a hibernate of the bound VM. Runs in the pod's queue. */
-export async function startHibernate(ctx: ProviderContext, rec: PodRecord): Promise<void> {
+export async function startHibernate(ctx: HibernateCtx, rec: PodRecord): Promise<void> {
   const vm = rec.vm;
   if (!vm || !rec.spec) return;
   supersedeJobs(rec, 'hibernate requested');
@@ -78,7 +81,7 @@ export async function startHibernate(ctx: ProviderContext, rec: PodRecord): Prom
 }
 
 /** The slow phases, outside the pod's queue; then the commit or the rollback inside it. */
-async function runHibernate(ctx: ProviderContext, rec: PodRecord, first: HibernateOp): Promise<void> {
+async function runHibernate(ctx: HibernateCtx, rec: PodRecord, first: HibernateOp): Promise<void> {
   const log = logFor(ctx, rec).child({ op: 'hibernate' });
   const ns = rec.pod.metadata?.namespace ?? '';
   const vmName = rec.spec?.vmName ?? rec.vm?.name ?? '';

@@ -10,10 +10,13 @@ import type { PodRecord } from '../state.ts';
 
 const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
+/** The peer restorer, under the provider's lifetime, counted. */
+export type PeerWakeCtx = Pick<ProviderContext, 'config' | 'lifetime' | 'metrics' | 'peer'>;
+
 /** Stages the state of `spec.vmName` from its pushing host, or `undefined` when the wake should
  * pull from the registry instead (skipped or failed; the reason is logged). */
 export async function peerWake(
-  ctx: ProviderContext,
+  ctx: PeerWakeCtx,
   spec: VMSpec,
   rec: PodRecord,
   id: SnapshotIdentity,

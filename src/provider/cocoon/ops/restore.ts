@@ -13,7 +13,12 @@ import { cloneFromSource, inspectVm, SettleError } from '../bringup.ts';
 import type { PeerStaged, ProviderContext, SnapshotIdentity } from '../context.ts';
 import { dropSnapshot, removeSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
-import { peerWake } from './peer-wake.ts';
+import { type PeerWakeCtx, peerWake } from './peer-wake.ts';
+
+/** Whether hibernated state exists: the registry's tag or the local snapshot. */
+export type EvidenceCtx = Pick<ProviderContext, 'config' | 'events' | 'localSnapshots' | 'metrics' | 'store'>;
+/** Where a wake clones from (local copy, peer, registry pull) and the restoring clone. */
+export type WakeCtx = PeerWakeCtx & Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots' | 'store'>;
 
 /** Every wake failure message starts with this (the op retry and a restart recognise it). */
 export const WAKE_PREFIX = 'wake: ';
@@ -47,7 +52,7 @@ export function importName(vmName: string): string {
  * (without a registry) a local snapshot `<vmName>`; `undefined` when there is none. A registry
  * that does not answer fails closed (`HibernateEvidenceUnavailable`). */
 export async function hibernateEvidence(
-  ctx: ProviderContext,
+  ctx: EvidenceCtx,
   spec: VMSpec,
   rec: PodRecord,
 ): Promise<{ identity: SnapshotIdentity | undefined; where: string } | undefined> {
@@ -92,7 +97,7 @@ export type WakeSource =
  * is never trusted), else the pushing host's copy through a peer restore, else a registry pull
  * into `<vmName>-hibernate-import`. */
 export async function wakeSource(
-  ctx: ProviderContext,
+  ctx: WakeCtx,
   spec: VMSpec,
   rec: PodRecord,
   log: Logger,
@@ -180,7 +185,7 @@ export async function wakeSource(
 /** Restores the pod's VM from its hibernated state: clone with the restore mode, CPU policy,
  * `--nics 1` for CH+Windows; a cross-node import is removed after the clone. */
 export async function restoreBringUp(
-  ctx: ProviderContext,
+  ctx: WakeCtx,
   spec: VMSpec,
   rec: PodRecord,
   log: Logger,

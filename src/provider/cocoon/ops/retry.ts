@@ -16,8 +16,11 @@ export function nextOpRetryDelay(previous: number | undefined): number {
   return previous === undefined ? OP_RETRY_BASE_MS : Math.min(OP_RETRY_MAX_MS, previous * 2);
 }
 
+/** What an op retry's timer needs: the tracked records and the reconcile it enqueues. */
+export type OpRetryCtx = Pick<ProviderContext, 'pods' | 'reconcileSoon'>;
+
 /** Records the next attempt of `op` and arms its timer. */
-export function scheduleOpRetry(ctx: ProviderContext, rec: PodRecord, op: RetryOp): void {
+export function scheduleOpRetry(ctx: OpRetryCtx, rec: PodRecord, op: RetryOp): void {
   const prev = rec.opRetry?.op === op ? rec.opRetry.delayMs : undefined;
   const delayMs = nextOpRetryDelay(prev);
   const timer = setTimeout(() => {

@@ -14,7 +14,15 @@ import { BringUpError, type BringUpResult, cloneFromSource } from '../bringup.ts
 import type { ProviderContext } from '../context.ts';
 import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
-import { hibernateEvidence, LifecycleError } from './restore.ts';
+import { type EvidenceCtx, hibernateEvidence, LifecycleError } from './restore.ts';
+
+/** fork-from: the source pod, the shared `fork-<source>` save and the clone of it. */
+export type ForkCtx = Pick<
+  ProviderContext,
+  'cli' | 'config' | 'forkSaves' | 'ledger' | 'localSnapshots' | 'metrics' | 'pods'
+>;
+/** clone-from-dir: the roots' check and the clone. */
+export type DirCloneCtx = Pick<ProviderContext, 'cli' | 'config' | 'metrics'>;
 
 export type SourcePlan =
   /** Hibernate is requested and the state is already saved: nothing to boot. */
@@ -28,7 +36,7 @@ export type SourcePlan =
 /** Decides the source of a bring-up. Throws {@link LifecycleError} (with its event reason) or
  * {@link BringUpError} when the pod's request cannot be honoured. */
 export async function planSource(
-  ctx: ProviderContext,
+  ctx: EvidenceCtx,
   rec: PodRecord,
   spec: VMSpec,
   log: Logger,
@@ -94,7 +102,7 @@ export async function planSource(
 /** A fresh bring-up drops `fork-<vmName>` of a previous incarnation, so forks of this VM never
  * start from its old state. Only when it is known to exist: no cocoon call otherwise. */
 export async function dropStaleFork(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
   rec: PodRecord,
   vmName: string,
   log: Logger,
@@ -108,7 +116,7 @@ export async function dropStaleFork(
  * forks, reused while it exists), then a clone of it. The source VM must be held by a pod of
  * the same namespace: a pod never copies another tenant's VM (docs/decisions.md). */
 export async function forkBringUp(
-  ctx: ProviderContext,
+  ctx: ForkCtx,
   rec: PodRecord,
   spec: VMSpec,
   log: Logger,
@@ -153,7 +161,7 @@ export async function forkBringUp(
  * is permanent, with a message that never tells whether the path exists. The clone is then
  * made from the resolved path. Clones from directories the daemon stages itself go straight
  * to {@link cloneFromTrustedDir}: the root rule is about what tenants may name. */
-export async function dirBringUp(ctx: ProviderContext, rec: PodRecord, spec: VMSpec): Promise<BringUpResult> {
+export async function dirBringUp(ctx: DirCloneCtx, rec: PodRecord, spec: VMSpec): Promise<BringUpResult> {
   const ns = rec.pod.metadata?.namespace ?? '';
   const verdict = await checkCloneDir(ctx.config.cloneFromDirRoots, ns, spec.cloneFromDir, realpath);
   if (!verdict.ok) {
@@ -165,7 +173,7 @@ export async function dirBringUp(ctx: ProviderContext, rec: PodRecord, spec: VMS
 
 /** `vm clone --pull --from-dir <dir>` of a directory the daemon trusts (checked or staged). */
 export async function cloneFromTrustedDir(
-  ctx: ProviderContext,
+  ctx: DirCloneCtx,
   spec: VMSpec,
   dir: string,
 ): Promise<BringUpResult> {

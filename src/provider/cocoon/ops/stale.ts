@@ -13,7 +13,7 @@ import type { Logger } from '../../../log.ts';
 import { pause } from '../../../util/deadline.ts';
 import { inspectVm } from '../bringup.ts';
 import type { ProviderContext } from '../context.ts';
-import { releaseLeases } from './delete.ts';
+import { type ReleaseCtx, releaseLeases } from './delete.ts';
 
 const FAN_OUT = 8;
 const RETRY_BASE_MS = 1000;
@@ -24,9 +24,12 @@ type Outcome = 'collected' | 'not-found' | 'not-creating' | 'busy' | 'error';
 
 const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
+/** The placeholders of interrupted creates: reconciled, watched in the background, indexed. */
+export type StaleCtx = ReleaseCtx & Pick<ProviderContext, 'cli' | 'ledger' | 'lifetime' | 'orphansByName'>;
+
 /** Collects the `creating` placeholders of `vms` (startup). Resolves after one round; what
  * is still busy goes on in the background until the daemon stops. */
-export async function reconcileStaleCreates(ctx: ProviderContext, vms: readonly VmRecord[]): Promise<void> {
+export async function reconcileStaleCreates(ctx: StaleCtx, vms: readonly VmRecord[]): Promise<void> {
   const stale = vms.filter((vm) => vm.state === 'creating');
   if (stale.length === 0) return;
   const log = ctx.log.child({ module: 'stale-create' });
@@ -42,7 +45,7 @@ export async function reconcileStaleCreates(ctx: ProviderContext, vms: readonly 
 }
 
 /** One attempt; true when the placeholder needs nothing more. */
-async function settle(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<boolean> {
+async function settle(ctx: StaleCtx, vm: VmRecord, log: Logger): Promise<boolean> {
   const outcome = await reconcileOnce(ctx, vm, log);
   ctx.metrics.staleCreate(outcome);
   if (outcome === 'collected' || outcome === 'not-found') {
@@ -54,7 +57,11 @@ async function settle(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<
 }
 
 /** One `vm reconcile-stale-create` of a placeholder; never throws (`error` when inconclusive). */
-export async function reconcileOnce(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<Outcome> {
+export async function reconcileOnce(
+  ctx: Pick<ProviderContext, 'cli'>,
+  vm: VmRecord,
+  log: Logger,
+): Promise<Outcome> {
   try {
     const { stdout } = await ctx.cli.run(reconcileStaleCreateArgv(vm.id), { timeoutMs: 60_000 });
     const outcome = (JSON.parse(stdout) as { outcome?: unknown }).outcome;
@@ -75,7 +82,7 @@ export async function reconcileOnce(ctx: ProviderContext, vm: VmRecord, log: Log
 
 /** The placeholder became a VM: running ⇒ indexed for adoption by its pod; another settled
  * state ⇒ the orphan policy; still creating or inconclusive ⇒ not decided. */
-async function decided(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<boolean> {
+async function decided(ctx: StaleCtx, vm: VmRecord, log: Logger): Promise<boolean> {
   let live: VmRecord | undefined;
   try {
     live = await inspectVm(ctx, vm.id);
@@ -120,7 +127,7 @@ async function decided(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise
 }
 
 /** Background: asks again with backoff until decided or the budget is spent. */
-async function watch(ctx: ProviderContext, vm: VmRecord, log: Logger): Promise<void> {
+async function watch(ctx: StaleCtx, vm: VmRecord, log: Logger): Promise<void> {
   const until = performance.now() + BUDGET_MS;
   let delay = RETRY_BASE_MS;
   while (!ctx.lifetime.aborted && performance.now() < until) {

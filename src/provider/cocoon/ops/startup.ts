@@ -24,7 +24,7 @@ import { truncateUtf8 } from '../../../util/text.ts';
 import { isClonedBootSpec, type VMSpec } from '../../../vmspec/decode.ts';
 import { cpuClassStartupError } from '../../../vmspec/snapshot-cpu-class.ts';
 import { byAge, holderOfName, isManagedRaw, referencedVms } from '../claims.ts';
-import { decodeSpec, type ProviderContext } from '../context.ts';
+import { decodeSpec, type FailOpCtx, type ProviderContext } from '../context.ts';
 import { patchAnnotations, publish } from '../publication/held.ts';
 import { failOp } from '../publication/lifecycle.ts';
 import { refreshIp } from '../publication/status.ts';
@@ -38,14 +38,23 @@ import {
   setLastStatus,
   setProbeReady,
 } from '../state.ts';
-import { adoptUnmanaged } from './adopt.ts';
-import { releaseLeases } from './delete.ts';
+import { type AdoptUnmanagedCtx, adoptUnmanaged } from './adopt.ts';
+import { type ReleaseCtx, releaseLeases } from './delete.ts';
 import { HIBERNATE_PREFIX } from './hibernate.ts';
-import { scheduleOpRetry } from './retry.ts';
-import { reconcileStaleCreates } from './stale.ts';
-import { takeOverAtFirstStart } from './upgrade.ts';
+import { type OpRetryCtx, scheduleOpRetry } from './retry.ts';
+import { reconcileStaleCreates, type StaleCtx } from './stale.ts';
+import { takeOverAtFirstStart, type UpgradeCtx } from './upgrade.ts';
 
-export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Promise<void> {
+/** Startup reconcile: the ledger, stale creates, adoption by ID and by name, orphans, probes. */
+export type StartupCtx = AdoptUnmanagedCtx &
+  FailOpCtx &
+  OpRetryCtx &
+  ReleaseCtx &
+  StaleCtx &
+  UpgradeCtx &
+  Pick<ProviderContext, 'icmp' | 'localSnapshots' | 'orphansByName' | 'startProbe'>;
+
+export async function startupReconcile(ctx: StartupCtx, pods: V1Pod[]): Promise<void> {
   // Step 2: the snapshot CPU-class gate; a mismatching non-terminal pod refuses the startup.
   const gate = cpuClassStartupError(pods, ctx.config.snapshotCpuClass);
   if (gate) throw new Error(gate);
@@ -158,7 +167,7 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
   ctx.startupDoneAt = monoNow();
   for (const rec of [...ctx.pods.values()]) {
     if (rec.vm && rec.ownsVm) {
-      seedProbe(rec);
+      seedProbe(ctx, rec);
       ctx.startProbe(rec, { ready: rec.probeReady });
     }
     if (rec.vm && rec.ownsVm && rec.spec?.hibernate) await resumeHibernate(ctx, rec, rec.vm.id);
@@ -171,7 +180,11 @@ export async function startupReconcile(ctx: ProviderContext, pods: V1Pod[]): Pro
  * (the reconcile drives it, ops/drive.ts): `vm start` first, since a VMM killed with the host
  * can leave a stopped record (a no-op on a running VM). A start failure is `failed` with a
  * `hibernate: ` message and an op retry. */
-async function resumeHibernate(ctx: ProviderContext, rec: PodRecord, vmId: string): Promise<void> {
+async function resumeHibernate(
+  ctx: FailOpCtx & OpRetryCtx & Pick<ProviderContext, 'cli'>,
+  rec: PodRecord,
+  vmId: string,
+): Promise<void> {
   ctx.metrics.startupResume('hibernate');
   ctx.events.event(rec.pod, 'Normal', 'ResumedAfterRestart', 'op=hibernate');
   try {
@@ -192,7 +205,7 @@ async function resumeHibernate(ctx: ProviderContext, rec: PodRecord, vmId: strin
 /** A tracked record for a pod found at startup, its intent seeded from its annotations and
  * its previous status from the API copy (R7): a pod whose published state is right is
  * re-published as it is, with its transition times, and costs no write. */
-function seeded(ctx: ProviderContext, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
+function seeded(ctx: Pick<ProviderContext, 'pods'>, pod: V1Pod, spec: VMSpec | undefined): PodRecord {
   const rec = newRecord(keyOf(pod), pod, spec);
   setIntent(rec, seedFromAnnotations(rec.uid, pod.metadata?.annotations));
   const previous = statusFromApi(pod.status);
@@ -203,7 +216,7 @@ function seeded(ctx: ProviderContext, pod: V1Pod, spec: VMSpec | undefined): Pod
 
 /** Binds the VM a managed pod holds after a restart (a CH+Windows wake's restore flag comes
  * from the ledger: a restored guest never gets the PnP fixup of a fresh clone). */
-function adopt(ctx: ProviderContext, rec: PodRecord, vm: VmRecord): void {
+function adopt(ctx: Pick<ProviderContext, 'ledger'>, rec: PodRecord, vm: VmRecord): void {
   bindVm(rec, vm, {
     owns: true,
     clonedBoot: rec.spec ? isClonedBootSpec(rec.spec) : false,
@@ -212,19 +225,19 @@ function adopt(ctx: ProviderContext, rec: PodRecord, vm: VmRecord): void {
   });
 }
 
-/** The probe result a restart starts from (R7): without a probe port the probe's success is
- * "an IP resolved", known now; with one, the `Ready` the pod shows (the previous
- * incarnation's last result) stands until the probe says otherwise. */
-function seedProbe(rec: PodRecord): void {
+/** The probe result a restart starts from (R7): the `Ready` the pod shows (the previous
+ * incarnation's last result) stands until the probe says otherwise; on a host without ICMP a
+ * pod without a probe port is ready once its IP resolved, known now. */
+function seedProbe(ctx: Pick<ProviderContext, 'icmp'>, rec: PodRecord): void {
   const shown =
     rec.intent?.state === 'ready' &&
     rec.pod.status?.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') === true;
-  setProbeReady(rec, rec.spec?.probePort === undefined ? rec.ip !== '' : shown);
+  setProbeReady(rec, rec.spec?.probePort === undefined && !ctx.icmp ? rec.ip !== '' : shown);
 }
 
 /** Orphans: VMs no pod holds and no pod references by ID or name. */
 async function sweepOrphans(
-  ctx: ProviderContext,
+  ctx: ReleaseCtx & Pick<ProviderContext, 'cli' | 'ledger' | 'orphansByName'>,
   vms: readonly VmRecord[],
   claimed: ReadonlySet<string>,
   refs: { ids: Set<string>; names: Set<string> },

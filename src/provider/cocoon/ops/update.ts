@@ -15,16 +15,20 @@ import {
 import { keyOf } from '../../../kube/key.ts';
 import { echoGeneration } from '../../../lifecycle/intent.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
-import { decodeSpec, generationOf, logFor, type ProviderContext } from '../context.ts';
+import { type BringUpCtx, decodeSpec, generationOf, logFor } from '../context.ts';
 import { createInputsKey } from '../inputs.ts';
 import { flushIntent, reassertIfStale, warnOnce } from '../publication/lifecycle.ts';
 import { applyAnnotations, type PodRecord, retrack, setIntent, setSpec, unbindVm } from '../state.ts';
-import { adoptUnmanaged } from './adopt.ts';
+import { type AdoptUnmanagedCtx, adoptUnmanaged } from './adopt.ts';
 import { claim, startBringUp } from './create.ts';
-import { driveOps } from './drive.ts';
+import { type DriveCtx, driveOps } from './drive.ts';
 import { wakeOwed } from './restore.ts';
 
-export async function updatePod(ctx: ProviderContext, pod: V1Pod): Promise<void> {
+/** An update may claim and bring up, adopt an unmanaged pod's VM, or drive a hibernate, lift or
+ * wake: nearly the whole context, as ops/drive.ts. */
+export type UpdateCtx = AdoptUnmanagedCtx & BringUpCtx & DriveCtx;
+
+export async function updatePod(ctx: UpdateCtx, pod: V1Pod): Promise<void> {
   const key = keyOf(pod);
   const rec = ctx.pods.get(key);
   if (!rec || rec.uid !== pod.metadata?.uid) {

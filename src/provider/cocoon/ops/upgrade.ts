@@ -11,13 +11,16 @@ export type TakeOverEntry = Parameters<ProviderContext['ledger']['takeOver']>[0]
 
 import { keyOf } from '../../../kube/key.ts';
 
+/** The one-time takeover: the ledger, and a log line of what it took. */
+export type UpgradeCtx = Pick<ProviderContext, 'ledger' | 'log'>;
+
 /** The one-time upgrade rule (docs/security.md, "Upgrading from the Go daemon"): with no
  * ledger yet, a VM named by `vm.cocoonstack.io/id` on exactly one live managed pod of this
  * node, under that pod's VM name, becomes that pod's identity's; so does the local snapshot
  * of a pod published `hibernated` whose VM name no other pod claims. Anything else (a VM two
  * pods name, a VM no pod names) stays unowned: kept, never adopted by a managed pod. */
 export async function takeOverAtFirstStart(
-  ctx: ProviderContext,
+  ctx: UpgradeCtx,
   pods: readonly V1Pod[],
   vms: readonly VmRecord[],
   snapshots: readonly { name: string; id: string }[] | undefined,

@@ -13,8 +13,8 @@ import { monoNow } from '../../../util/mono-clock.ts';
 import { inspectVm, inspectWithRetry } from '../bringup.ts';
 import { isCurrent, logFor, type ProviderContext } from '../context.ts';
 import { type PodRecord, refreshVm, setOpRetry, unbindVm } from '../state.ts';
-import { releaseLeases } from './delete.ts';
-import { evict } from './evict.ts';
+import { type ReleaseCtx, releaseLeases } from './delete.ts';
+import { type EvictCtx, evict } from './evict.ts';
 
 export const RESTART_COOLDOWN_MS = 30_000;
 const RECHECK_BASE_MS = 1000;
@@ -25,8 +25,16 @@ const RESTARTABLE: ReadonlySet<string> = new Set(['stopped', 'error', 'stopped (
 
 const errText = (err: unknown) => (err instanceof Error ? err.message : String(err));
 
+/** A VM death: re-inspected, restarted (with its cooldown) or removed and the pod evicted. */
+export type VmEventsCtx = EvictCtx &
+  ReleaseCtx &
+  Pick<ProviderContext, 'cli' | 'ledger' | 'reconcileSoon' | 'vmRechecks' | 'vmRestarts'>;
+
 /** The tracked managed pod whose VM has this ID (or, failing that, this name). */
-function podOfVm(ctx: ProviderContext, vm: Pick<VmRecord, 'id' | 'name'>): PodRecord | undefined {
+function podOfVm(
+  ctx: Pick<ProviderContext, 'pods'>,
+  vm: Pick<VmRecord, 'id' | 'name'>,
+): PodRecord | undefined {
   let byName: PodRecord | undefined;
   for (const rec of ctx.pods.values()) {
     if (!rec.vm || !rec.ownsVm || !rec.spec?.managed) continue;
@@ -38,7 +46,7 @@ function podOfVm(ctx: ProviderContext, vm: Pick<VmRecord, 'id' | 'name'>): PodRe
 
 /** An event from the stream (outside any queue): what may be a death is checked in the
  * pod's queue. */
-export function onVmEvent(ctx: ProviderContext, ev: VmEvent): void {
+export function onVmEvent(ctx: VmEventsCtx, ev: VmEvent): void {
   if (ev.event === 'ADDED') return;
   if (ev.event === 'MODIFIED' && ev.vm.state === 'running') return;
   const rec = podOfVm(ctx, ev.vm);
@@ -48,14 +56,14 @@ export function onVmEvent(ctx: ProviderContext, ev: VmEvent): void {
   queueCheck(ctx, rec, vmId);
 }
 
-function queueCheck(ctx: ProviderContext, rec: PodRecord, vmId: string): void {
+function queueCheck(ctx: VmEventsCtx, rec: PodRecord, vmId: string): void {
   void ctx.queue
     .run(rec.key, () => checkVm(ctx, rec, vmId))
     .catch((err: unknown) => logFor(ctx, rec).warn({ err: errText(err) }, 'VM check failed'));
 }
 
 /** After the stream (re)started: VMs that died while no stream ran (one `vm list`). */
-export function sweepVms(ctx: ProviderContext, listed: readonly VmRecord[]): void {
+export function sweepVms(ctx: VmEventsCtx, listed: readonly VmRecord[]): void {
   const byId = new Map(listed.map((vm) => [vm.id, vm]));
   for (const rec of ctx.pods.values()) {
     if (!rec.vm || !rec.ownsVm || !rec.spec?.managed) continue;
@@ -65,7 +73,7 @@ export function sweepVms(ctx: ProviderContext, listed: readonly VmRecord[]): voi
 }
 
 /** Re-inspects the VM of a pod and restarts or evicts. Runs in the pod's queue. */
-export async function checkVm(ctx: ProviderContext, rec: PodRecord, vmId: string): Promise<void> {
+export async function checkVm(ctx: VmEventsCtx, rec: PodRecord, vmId: string): Promise<void> {
   if (!isCurrent(ctx, rec) || rec.vm?.id !== vmId || !rec.ownsVm || rec.evicting) return;
   if (rec.hibernate) return; // a hibernate in flight handles its own VM
   if (rec.spec?.hibernate) {
@@ -146,7 +154,7 @@ export async function checkVm(ctx: ProviderContext, rec: PodRecord, vmId: string
 }
 
 /** Inconclusive inspect: re-checked later; past the budget the VM is removed and evicted. */
-function scheduleRecheck(ctx: ProviderContext, rec: PodRecord, vmId: string, why: string): void {
+function scheduleRecheck(ctx: VmEventsCtx, rec: PodRecord, vmId: string, why: string): void {
   const prev = ctx.vmRechecks.get(rec.key);
   const firstAt = prev?.firstAt ?? monoNow();
   if (monoNow() - firstAt >= RECHECK_BUDGET_MS) {
@@ -167,7 +175,7 @@ function scheduleRecheck(ctx: ProviderContext, rec: PodRecord, vmId: string, why
 /** Removes the VM, releases its leases, evicts the pod; a failed removal keeps the pod (the
  * next event or tick tries again). */
 async function removeThenEvict(
-  ctx: ProviderContext,
+  ctx: VmEventsCtx,
   rec: PodRecord,
   reason: string,
   message: string,

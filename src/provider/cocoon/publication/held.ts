@@ -4,7 +4,7 @@
 // once PUBLISH_GRACE_MS has passed; otherwise a status goes to the framework's status writer
 // at once. Every function here runs inside the pod's queue.
 import { monoNow } from '../../../util/mono-clock.ts';
-import { isCurrent, logFor, type ProviderContext } from '../context.ts';
+import { isCurrent, logFor, type ProviderContext, type PublishCtx } from '../context.ts';
 import {
   applyAnnotations,
   dropHeldStatus,
@@ -27,7 +27,7 @@ export const PUBLISH_GRACE_MS = 1500;
  * patch carrying the annotations too. A failed write holds its held part again for the next
  * write or the grace timer. */
 export async function writePod(
-  ctx: ProviderContext,
+  ctx: PublishCtx,
   rec: PodRecord,
   changes: Record<string, string | null>,
   opts: WriteOptions = {},
@@ -50,7 +50,7 @@ export async function writePod(
 
 /** A UID-fenced annotation patch (see {@link writePod}); carries whatever is held. */
 export function patchAnnotations(
-  ctx: ProviderContext,
+  ctx: PublishCtx,
   rec: PodRecord,
   annotations: Record<string, string | null>,
 ): Promise<PatchOutcome> {
@@ -60,7 +60,7 @@ export function patchAnnotations(
 /** Holds changes of a bring-up for the pod's next write; if none comes within
  * {@link PUBLISH_GRACE_MS} of the first held change, the timer writes them (one write). */
 export function hold(
-  ctx: ProviderContext,
+  ctx: PublishCtx,
   rec: PodRecord,
   changes: { annotations?: Record<string, string | null>; status?: boolean },
 ): void {
@@ -82,11 +82,7 @@ export function hold(
 
 /** Writes what is held (inside the pod's queue). With `dueOnly`, only once the grace of the
  * held write has passed (a timer of an earlier window may fire late). */
-export async function flushHeld(
-  ctx: ProviderContext,
-  rec: PodRecord,
-  dueOnly = false,
-): Promise<PatchOutcome> {
+export async function flushHeld(ctx: PublishCtx, rec: PodRecord, dueOnly = false): Promise<PatchOutcome> {
   const held = rec.held;
   if (!held) return 'ok';
   if (!isCurrent(ctx, rec)) {
@@ -99,7 +95,7 @@ export async function flushHeld(
 
 /** Intermediate states are held while the pod is being brought up (managed, `creating`,
  * not in a create backoff): the next state usually follows within moments. */
-export function holding(ctx: ProviderContext, rec: PodRecord): boolean {
+export function holding(ctx: Pick<ProviderContext, 'pods'>, rec: PodRecord): boolean {
   if (!isCurrent(ctx, rec) || rec.termination || !rec.spec?.managed || rec.createFailure) return false;
   const state = rec.intent?.state ?? '';
   return state === '' || state === 'creating';
@@ -108,7 +104,7 @@ export function holding(ctx: ProviderContext, rec: PodRecord): boolean {
 /** Publishes the current status: during a bring-up it is held for the next write (at most
  * {@link PUBLISH_GRACE_MS}); otherwise through the framework's status writer (async,
  * deduped against what it wrote and against the pod's API copy). */
-export function publish(ctx: ProviderContext, rec: PodRecord): void {
+export function publish(ctx: PublishCtx, rec: PodRecord): void {
   if (!isCurrent(ctx, rec) && !rec.termination) return;
   const status = statusOf(ctx, rec);
   setLastStatus(rec, status as never);

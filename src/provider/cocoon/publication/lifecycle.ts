@@ -19,7 +19,7 @@ import {
   stage,
 } from '../../../lifecycle/intent.ts';
 import { truncateUtf8 } from '../../../util/text.ts';
-import { generationOf, logFor, type ProviderContext } from '../context.ts';
+import { type FailOpCtx, generationOf, logFor, type ProviderContext, type PublishCtx } from '../context.ts';
 import {
   applyAnnotations,
   markGenerationWentDown,
@@ -35,7 +35,7 @@ import type { PatchOutcome } from './write.ts';
 /** Stages a lifecycle state (R1, R3, R4) and updates the tracked copy's annotations.
  * Returns false when the engine refused it (stale write or sticky failed). */
 export function stageLifecycle(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'log'>,
   rec: PodRecord,
   state: LifecycleState,
   message = '',
@@ -70,7 +70,7 @@ export function stageLifecycle(
  * computed with this intent go out in ONE write (a pods/status patch carrying the
  * annotations), so no version of the pod is `ready` without its podIP, or Ready without
  * `ready`. */
-export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise<PatchOutcome> {
+export async function flushIntent(ctx: PublishCtx, rec: PodRecord): Promise<PatchOutcome> {
   const intent = rec.intent;
   if (!intent || !isUnflushed(intent)) return 'ok';
   if (intent.state === 'ready' && rec.clonedBoot && rec.vm) {
@@ -110,14 +110,19 @@ export async function flushIntent(ctx: ProviderContext, rec: PodRecord): Promise
 }
 
 /** Emits a Warning once per (VM ID, reason) (docs/contracts/lifecycle.md "Idempotency keyed by VM ID"). */
-export function warnOnce(ctx: ProviderContext, rec: PodRecord, reason: string, message: string): void {
+export function warnOnce(
+  ctx: Pick<ProviderContext, 'events'>,
+  rec: PodRecord,
+  reason: string,
+  message: string,
+): void {
   if (!markWarned(rec, reason)) return;
   ctx.events.event(rec.pod, 'Warning', reason, truncateUtf8(message, EVENT_MESSAGE_MAX_BYTES));
 }
 
 /** failOp (docs/contracts/lifecycle.md "Failures and recovery"): counter, Warning `<op>: <error>`, stage `failed` with the error text, flush. */
 export async function failOp(
-  ctx: ProviderContext,
+  ctx: FailOpCtx,
   rec: PodRecord,
   op: 'create' | 'update' | 'delete',
   reason: string,

@@ -11,7 +11,7 @@ import type { ProviderContext } from '../context.ts';
 import { type PodRecord, setIp } from '../state.ts';
 
 /** Re-reads the lease file and updates the record's IP (R9: only for the same VM ID). */
-export async function refreshIp(ctx: ProviderContext, rec: PodRecord): Promise<boolean> {
+export async function refreshIp(ctx: Pick<ProviderContext, 'leases'>, rec: PodRecord): Promise<boolean> {
   if (!rec.vm) return false;
   const snapshot = await ctx.leases.read();
   // Lease expiry is wall-clock time written by cocoon-net: compared with wall time.
@@ -23,7 +23,11 @@ export async function refreshIp(ctx: ProviderContext, rec: PodRecord): Promise<b
 
 /** The pod status from the record (docs/contracts/lifecycle.md, "Pod status"), with an
  * optional staged state. Pure: the writers record what was published. */
-export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: LifecycleState): V1PodStatus {
+export function statusOf(
+  ctx: Pick<ProviderContext, 'config' | 'nodeIP' | 'startupDoneAt'>,
+  rec: PodRecord,
+  lifecycle?: LifecycleState,
+): V1PodStatus {
   const status = computePodStatus({
     vm: rec.vm ? { ip: rec.ip } : undefined,
     lifecycle: lifecycle ?? rec.intent?.state ?? '',
@@ -48,7 +52,11 @@ export function statusOf(ctx: ProviderContext, rec: PodRecord, lifecycle?: Lifec
 
 /** TS addition: the readiness step and deadline as a pod condition, so operators see what a
  * `creating` pod is waiting for and when it would be failed (issue: expose the deadline). */
-function readinessCondition(ctx: ProviderContext, rec: PodRecord, state: LifecycleState | '') {
+function readinessCondition(
+  ctx: Pick<ProviderContext, 'config' | 'startupDoneAt'>,
+  rec: PodRecord,
+  state: LifecycleState | '',
+) {
   if (!rec.spec?.managed) return undefined;
   const retry = rec.createFailure;
   if (!rec.vm && retry?.transient && retry.retryAt !== undefined && state !== 'failed') {

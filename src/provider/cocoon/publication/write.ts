@@ -7,7 +7,7 @@
 // carries.
 import type { LifecycleState } from '../../../contract/annotations.ts';
 import { apiErrorMessage, apiStatus, mergePatch, withSignal } from '../../../kube/client.ts';
-import { logFor, type ProviderContext } from '../context.ts';
+import { logFor, type ProviderContext, type PublishCtx } from '../context.ts';
 import { type PodRecord, setLastStatus, setLastWriteRV, setWrittenStatus } from '../state.ts';
 import { statusOf } from './status.ts';
 
@@ -26,7 +26,7 @@ export interface WriteOptions {
  * UID-fenced JSON merge patch of `pods/<name>/status` carrying them alone. Either way 3 attempts, 500 ms apart, 5 s each; 404/409/422
  * mean another incarnation owns the name now (R2): superseded. */
 export async function send(
-  ctx: ProviderContext,
+  ctx: PublishCtx,
   rec: PodRecord,
   annotations: Record<string, string | null>,
   withStatus: boolean,
@@ -38,7 +38,7 @@ export async function send(
 }
 
 async function writeWithStatus(
-  ctx: ProviderContext,
+  ctx: PublishCtx,
   rec: PodRecord,
   annotations: Record<string, string | null>,
   opts: WriteOptions,
@@ -65,7 +65,7 @@ async function writeWithStatus(
  * keeps metadata.annotations, and is all a node identity may write): 3 attempts, 500 ms apart,
  * 5 s each, every attempt cancelled at its bound (Kube.writeRetrying). */
 async function annotationPatch(
-  ctx: ProviderContext,
+  ctx: PublishCtx,
   rec: PodRecord,
   annotations: Record<string, string | null>,
 ): Promise<PatchOutcome> {
@@ -87,7 +87,7 @@ async function annotationPatch(
 /** 404/409/422 mean another incarnation owns the name now (docs/contracts/lifecycle.md R2):
  * superseded; anything else is logged and retried. */
 function failedWrite(
-  ctx: ProviderContext,
+  ctx: Pick<ProviderContext, 'log'>,
   rec: PodRecord,
   err: unknown,
   annotations: Record<string, string | null>,

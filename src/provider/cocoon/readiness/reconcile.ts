@@ -141,10 +141,16 @@ async function publishReady(ctx: ProviderContext, rec: PodRecord, vmId: string):
   applyAnnotations(rec, { [VM_IP]: rec.ip || null });
   setStep(rec, 'Ready');
   if (rec.spec?.probePort === undefined && rec.ip !== '' && !rec.probeReady) {
-    // Without a probe port the probe's success is "an IP resolved" (docs/decisions.md,
-    // "Probes"): its result goes into the same write instead of a status write of its own.
-    setProbeReady(rec, true);
-    ctx.probes.get(rec.key)?.assumeReady();
+    // Without a probe port the probe runs here once, synchronously (one ICMP echo, or "an IP
+    // resolved" on a host without ICMP: docs/decisions.md, "ICMP probes"), so its result goes
+    // into the same write instead of a status write of its own a probe interval later.
+    const ip = rec.ip;
+    const answered = ctx.icmp ? await ctx.icmp(ip) : true;
+    if (!isCurrent(ctx, rec) || rec.vm?.id !== vmId) return;
+    if (answered && rec.ip === ip && !rec.probeReady) {
+      setProbeReady(rec, true);
+      ctx.probes.get(rec.key)?.assumeReady();
+    }
   }
   if (rec.clonedBoot && rec.progress?.ipWaitStartedAt !== undefined) {
     ctx.metrics.ipWait(rec.pod.metadata?.namespace ?? '', 'ok');
