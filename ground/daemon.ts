@@ -5,6 +5,7 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { existsSync, openSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { netControlSocket } from '../sim/netctl.ts';
+import { cgroupRootDir } from '../sim/paths.ts';
 import type { ClusterState } from './cluster.ts';
 import { repoRoot } from './cluster.ts';
 import { nodeKubeconfig } from './node-identity.ts';
@@ -99,6 +100,8 @@ async function startDaemonOnce(o: DaemonOptions): Promise<Daemon> {
       VK_METRICS_ADDR: `${nodeIp}:${metricsPort}`,
       VK_COCOON_BIN: o.cocoonBin,
       COCOON_ROOT_DIR: o.rootDir,
+      // The simulator's cgroup tree (sim/cgroup.ts): VM CPU from each scope's cpu.stat.
+      VK_CGROUP_ROOT: cgroupRootDir(o.rootDir),
       COCOON_SIM_ROOT: o.rootDir,
       VK_LEASES_PATH: o.leasesPath,
       COCOON_SIM_LEASES: o.leasesPath,

@@ -4,6 +4,8 @@
 #  - Debian's docker-registry (CNCF distribution 2.8), for what needs its quirks (a standalone
 #    one in registry-push.test.ts, bench/transfer.ts) and VK_REGISTRY_KIND=docker-registry
 #  - Debian's systemd (systemd-analyze verify of the release's unit file)
+#  - Debian's fping (the daemon's ICMP readiness probe) and iproute2 (the simulator's guest
+#    network namespaces, whose addresses answer it)
 #  - kube-apiserver, etcd and kubectl built from the Go module proxy (cached outside the repo)
 #  - the CNCF distribution v3 registry, the ground's default OCI registry, built the same way
 #  - the cocoon simulator's thin Go client (node_modules/.cache/vk-cocoon/, rebuilt when its
@@ -39,6 +41,18 @@ if ! command -v systemd-analyze >/dev/null; then
     say "systemd-analyze is missing: run 'sudo apt-get install systemd'"; exit 1
   fi
 fi
+# fping sends the readiness probe's ICMP echo (src/net/icmp.ts); iproute2's `ip` makes the
+# simulator's guest network namespaces (sim/guestnet.ts), whose guests answer it.
+for pkg in fping:fping ip:iproute2; do
+  if ! command -v "${pkg%%:*}" >/dev/null; then
+    say "installing Debian's ${pkg#*:} (readiness probes by ICMP)"
+    if [ "$(id -u)" = 0 ]; then
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkg#*:}") >&2
+    else
+      say "${pkg%%:*} is missing: run 'sudo apt-get install ${pkg#*:}'"; exit 1
+    fi
+  fi
+done
 command -v openssl >/dev/null || { say "openssl is required (apt-get install openssl)"; exit 1; }
 bash scripts/testbin.sh >/dev/null
 # Progress (or "cached registry ...") on stderr; the cache dir on stdout is not needed here.

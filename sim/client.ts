@@ -13,10 +13,21 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { DEFAULT_CGROUP_PARENT, scopeDir } from './cgroup.ts';
 import { imageDigestFor, type SnapshotRecord } from './db.ts';
+import {
+  checkIcmpKnobs,
+  claimGuestNet,
+  type GuestNet,
+  guestNetSync,
+  readGuestNet,
+  releaseGuestNet,
+} from './guestnet.ts';
 import type { Knobs } from './knob-schema.ts';
+import { loadKnobs } from './knobs.ts';
 import type { Lease } from './leases.ts';
 import { type NetControlRecord, netControlLog, netControlSocket } from './netctl.ts';
+import { cgroupRootDir } from './paths.ts';
 
 export type { ImageRecord, SnapshotRecord, VmRecord } from './db.ts';
 export type { Knobs } from './knob-schema.ts';
@@ -127,6 +138,9 @@ export interface NewSimRootOptions {
    * is not built). Without it every call is a Node process of its own.
    */
   server?: boolean;
+  /** A guest network namespace whose addresses answer ICMP on demand (sim/guestnet.ts; default
+   * as root unless VK_SIM_GUESTNET=0); otherwise loopback guest addresses. */
+  guestNetns?: boolean;
 }
 
 function mergeDeep(base: unknown, patch: unknown): unknown {
@@ -271,6 +285,17 @@ export class SimRoot {
     return path.join(this.root, 'sim', 'config.json');
   }
 
+  /** The simulator's cgroup v2 tree (sim/cgroup.ts), the `/sys/fs/cgroup` of its VMs. */
+  get cgroupRoot(): string {
+    return cgroupRootDir(this.root);
+  }
+
+  /** A VM's scope directory (`cpu.stat`, `cgroup.procs`, ...) under `parent` (the
+   * COCOON_CGROUP_PARENT the VM was started with; default `cocoon.slice`). */
+  cgroupScope(vmId: string, parent = DEFAULT_CGROUP_PARENT): string {
+    return scopeDir(this.root, parent, vmId);
+  }
+
   knobs(): Knobs {
     try {
       return JSON.parse(fs.readFileSync(this.knobsPath, 'utf8')) as Knobs;
@@ -283,10 +308,18 @@ export class SimRoot {
   async setKnobs(knobs: Knobs): Promise<void> {
     const { validateKnobs } = await import('./knob-schema.ts');
     validateKnobs(knobs);
+    checkIcmpKnobs(this.root, knobs);
     fs.mkdirSync(path.dirname(this.knobsPath), { recursive: true });
     const tmp = `${this.knobsPath}.tmp.${process.pid}`;
     fs.writeFileSync(tmp, JSON.stringify(knobs, null, 2));
     fs.renameSync(tmp, this.knobsPath);
+    // A guest told to stop (or start again) answering ICMP does so now.
+    guestNetSync(this.root, this.leasesPath, await loadKnobs(this.root));
+  }
+
+  /** The guests' network (sim/guestnet.ts): a namespace of its own, or loopback addresses. */
+  get guestNet(): GuestNet | undefined {
+    return readGuestNet(this.root);
   }
 
   /** Deep-merges into the knob file: objects merge, arrays replace, `null` deletes. */
@@ -465,6 +498,7 @@ export class SimRoot {
       if (r?.code !== 0) this.killRegistered();
     }
     await this.stopServer();
+    releaseGuestNet(this.root);
     if (!opts.keepDir) fs.rmSync(this.dir, { recursive: true, force: true });
   }
 
@@ -500,6 +534,7 @@ export async function newSimRoot(opts: NewSimRootOptions = {}): Promise<SimRoot>
   fs.mkdirSync(path.join(sim.root, 'sim'), { recursive: true });
   fs.mkdirSync(path.dirname(sim.cocoonBin), { recursive: true });
   fs.symlinkSync(cocoonTarget(), sim.cocoonBin);
+  claimGuestNet(sim.root, { netns: opts.guestNetns ?? process.env.VK_SIM_GUESTNET !== '0' });
   if (opts.knobs) await sim.setKnobs(opts.knobs);
   if (opts.server ?? serverWanted(process.env)) await sim.startServer();
   return sim;

@@ -9,6 +9,7 @@
 // a Firecracker clone under dhcp.keyByGuestMac is the snapshot's MAC until a fixMac effect.
 import fs from 'node:fs';
 import { readVmDb } from './db.ts';
+import { answers, guestNetChange } from './guestnet.ts';
 import { dhcpPolicy, type Knobs } from './knobs.ts';
 import { grantIn, type LeaseOptions, leaseOptions, releaseIn, updateLeases } from './leases.ts';
 import { readJson, withLock, writeAtomic } from './lock.ts';
@@ -91,7 +92,7 @@ export function blocker(g: GuestState, knobs: Knobs, now: number): string | unde
 }
 
 /** The running VM's record, or undefined when it is gone or its stand-in is dead. */
-function liveRecord(root: string, g: GuestState) {
+export function liveRecord(root: string, g: GuestState) {
   const vm = readVmDb(root, g.dir).vms[g.vmId];
   if (vm?.state !== 'running' || !trackedAlive(root, vm.pid)) return undefined;
   return vm;
@@ -112,6 +113,8 @@ export function dhcpSync(root: string, leasesPath: string, vmId: string, knobs: 
     const granted = grantAll(leasesPath, opts, g);
     if (granted.length === g.nics.filter((n) => n.dhcp).length) g.dhcpDone = true;
     writeGuest(root, g);
+    // The guest answers ICMP from the moment it holds its address (guestnet.ts).
+    if (answers(knobs, g.name)) guestNetChange(root, { add: granted.map((x) => x.ip) });
     return { granted };
   });
   return result;
@@ -136,14 +139,17 @@ function grantAll(leasesPath: string, opts: LeaseOptions, g: GuestState): { mac:
 export function dhcpRelease(root: string, leasesPath: string, vmId: string, knobs: Knobs): void {
   const opts = leaseOptions(knobs);
   updateGuest(root, vmId, (g) => {
+    const gone: string[] = [];
     updateLeases(leasesPath, opts, (leases) => {
       for (const nic of g.nics) {
         if (!nic.dhcp) continue;
         releaseIn(leases, nic.guestMac);
+        if (nic.leaseIp) gone.push(nic.leaseIp);
         delete nic.leaseIp;
       }
     });
     g.released = true;
+    guestNetChange(root, { del: gone });
   });
 }
 

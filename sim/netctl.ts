@@ -8,6 +8,7 @@
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
+import { guestNetChange } from './guestnet.ts';
 import { loadKnobs } from './knobs.ts';
 import { LEASE_MAC, leaseOptions, releaseIn, updateLeases } from './leases.ts';
 
@@ -66,7 +67,12 @@ export async function startNetControl(
       .then((knobs) =>
         answer(
           204,
-          updateLeases(leasesPath, leaseOptions(knobs), (list) => releaseIn(list, asked)),
+          updateLeases(leasesPath, leaseOptions(knobs), (list) => {
+            const ips = list.filter((l) => l.mac.toLowerCase() === asked).map((l) => l.ip);
+            const n = releaseIn(list, asked);
+            guestNetChange(root, { del: ips }); // a guest without its lease stops answering
+            return n;
+          }),
         ),
       )
       .catch((err: unknown) => {

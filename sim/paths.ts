@@ -52,6 +52,8 @@ export const ownerFile = (root: string, key: string) => path.join(root, 'sim', '
 export const pidsDir = (root: string) => path.join(root, 'sim', 'pids');
 export const ipamFile = (root: string) => path.join(root, 'sim', 'ipam.json');
 export const ipamLock = (root: string) => path.join(root, 'sim', 'ipam.lock');
+/** The simulator's cgroup v2 tree, standing in for /sys/fs/cgroup (sim/cgroup.ts). */
+export const cgroupRootDir = (root: string) => path.join(root, 'sim', 'cgroup');
 export const snapUsersDir = (root: string, snapId: string) => path.join(root, 'sim', 'snapuse', snapId);
 
 /** `COCOON_SIM_LEASES`, else `<root>/net/leases.json`. */

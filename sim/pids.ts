@@ -3,6 +3,7 @@
 // time to compare against (pids are reused) and lets test clean-up find everything to kill.
 import fs from 'node:fs';
 import path from 'node:path';
+import { removeScopesOf } from './cgroup.ts';
 import { sleepSync, writeAtomic } from './lock.ts';
 import { pidsDir, simDir } from './paths.ts';
 import { isAlive, killGroup, procStat } from './proc.ts';
@@ -20,13 +21,16 @@ export function registerPid(root: string, pid: number, kind: TrackedProc['kind']
   return entry;
 }
 
-export function trackedStart(root: string, pid: number): number | undefined {
+function trackedEntry(root: string, pid: number): TrackedProc | undefined {
   try {
-    return (JSON.parse(fs.readFileSync(path.join(pidsDir(root), `${pid}.json`), 'utf8')) as TrackedProc)
-      .start;
+    return JSON.parse(fs.readFileSync(path.join(pidsDir(root), `${pid}.json`), 'utf8')) as TrackedProc;
   } catch {
     return undefined;
   }
+}
+
+export function trackedStart(root: string, pid: number): number | undefined {
+  return trackedEntry(root, pid)?.start;
 }
 
 /** Liveness of a simulator-started process: alive and (if registered) the same incarnation. */
@@ -55,15 +59,19 @@ function nudgeReaper(root: string): void {
 /**
  * Kills tracked process groups that are still the processes we started, and waits (≤ 0.5 s,
  * plus 5 ms per process) until they are reaped, so that the pids are gone when the caller
- * returns, as after cocoon's own kill-and-wait. Forgets the processes. The reaper is woken
- * every 20 ms meanwhile: it reaps between two reads of its FIFO, and a wake-up that arrives
- * before a child has died would otherwise leave it to its 0.25 s read timeout.
+ * returns, as after cocoon's own kill-and-wait. Forgets the processes; a stand-in's cgroup
+ * scope goes with it (sim/cgroup.ts). The reaper is woken every 20 ms meanwhile: it reaps
+ * between two reads of its FIFO, and a wake-up that arrives before a child has died would
+ * otherwise leave it to its 0.25 s read timeout.
  */
 export function killTrackedAll(root: string, pids: readonly number[]): void {
   const live: { pid: number; start: number | undefined }[] = [];
+  const standins: { vm: string; pid: number }[] = [];
   for (const pid of pids) {
     if (!pid) continue;
-    const start = trackedStart(root, pid);
+    const entry = trackedEntry(root, pid);
+    if (entry?.kind === 'standin' && entry.vm) standins.push({ vm: entry.vm, pid });
+    const start = entry?.start;
     if (isAlive(pid, start)) live.push({ pid, start });
   }
   for (const p of live) killGroup(p.pid);
@@ -76,6 +84,7 @@ export function killTrackedAll(root: string, pids: readonly number[]): void {
       waiting = waiting.filter((p) => procStat(p.pid)?.start === p.start);
     }
   }
+  removeScopesOf(root, standins);
   for (const pid of pids) if (pid) fs.rmSync(path.join(pidsDir(root), `${pid}.json`), { force: true });
 }
 

@@ -17,7 +17,9 @@ import module from 'node:module';
 import net from 'node:net';
 import path from 'node:path';
 import { finished, Readable, Writable } from 'node:stream';
+import { guestNetSync, SYNC_INTERVAL_MS } from './guestnet.ts';
 import { gateOn, type Io, markServerProcess, runWithIo, type SimSignal, serverInfo, sleepOn } from './io.ts';
+import { loadKnobs } from './knobs.ts';
 import { startNetControl } from './netctl.ts';
 import { leasesFile, resolveRoot } from './paths.ts';
 import { procStat } from './proc.ts';
@@ -282,6 +284,13 @@ setInterval(() => {
     process.exit(0);
   }
 }, 250);
+// The guests' ICMP answers (guestnet.ts): stand-ins killed from outside, VMs stopped and
+// leases expired stop answering within one interval.
+setInterval(() => {
+  loadKnobs(root)
+    .then((knobs) => guestNetSync(root, leasesFile(root, process.env), knobs))
+    .catch((e: unknown) => log(`guest network sync: ${(e as Error).message}`));
+}, SYNC_INTERVAL_MS).unref();
 setInterval(() => {
   if (!fs.existsSync(root)) {
     log('root gone: exiting');

@@ -4,19 +4,22 @@
 // knob is set, which it follows: it burns `cpuMillicores` of one core and holds `rssMiB` of
 // touched memory, re-reading the knobs every second (what /proc shows for the "VM", so the
 // daemon's stats and `kubectl top` have something to follow). Other VMs' stand-in is a plain
-// `sleep`. Usage: node standin.ts <root> <vm id>. Runs until killed (or until the root disappears).
+// `sleep`. It keeps its cgroup scope's cpu.stat current (sim/cgroup.ts) when given one.
+// Usage: node standin.ts <root> <vm id> [<scope dir>]. Runs until killed (or until the root
+// disappears).
 import fs from 'node:fs';
 import module from 'node:module';
 import net from 'node:net';
 import path from 'node:path';
+import { followScope } from './cgroup.ts';
 import { readGuest } from './guest.ts';
 import { loadKnobs, re } from './knobs.ts';
 import { runDir } from './paths.ts';
 import { serveConsole } from './sac.ts';
 
-const [root, vmId] = process.argv.slice(2);
+const [root, vmId, scope] = process.argv.slice(2);
 if (!root || !vmId) {
-  process.stderr.write('usage: standin.ts <root> <vm id>\n');
+  process.stderr.write('usage: standin.ts <root> <vm id> [<scope dir>]\n');
   process.exit(2);
 }
 // Long-lived and killed, never exiting normally: write the compile cache now, or every
@@ -59,6 +62,9 @@ if (knobs.guest?.serveVsock) {
   });
 }
 log(`vm ${vmId} (${guest.name}) running`);
+// The scope the starting call creates (right after this process started) and removes when it
+// kills us: its CPU is this process's (and its children's), as the kernel would count it.
+if (scope) followScope(scope, process.pid);
 
 type Load = { cpuMillicores: number; rssMiB: number };
 /** The load of this VM: per field, the first `vms` entry matching its name that sets it, else

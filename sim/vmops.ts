@@ -3,6 +3,7 @@
 import crypto from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
+import { cgroupParent, createScope, removeScopes, scopeDir } from './cgroup.ts';
 import {
   type NetworkConfig,
   newMac,
@@ -13,7 +14,9 @@ import {
   type VmRecord,
 } from './db.ts';
 import { restoreDisk } from './disk.ts';
-import { dhcpSync, type GuestNic, type GuestState, removeGuest, writeGuest } from './guest.ts';
+import { dhcpSync, type GuestNic, type GuestState, readGuest, removeGuest, writeGuest } from './guest.ts';
+import { answers, configuredAddress, guestNetChange } from './guestnet.ts';
+import { io } from './io.ts';
 import { dhcpPolicy, type Knobs } from './knobs.ts';
 import { readJson, updateJson } from './lock.ts';
 import {
@@ -268,33 +271,48 @@ export function startStandin(root: string, dir: BackendDir, vm: VmRecord, opts: 
     opts.knobs.guest?.serveVsock === true ||
     opts.knobs.standin !== undefined;
   const log = vmmLogFile(root, dir, vm.id);
+  // The VM's cgroup scope (sim/cgroup.ts), under the caller's COCOON_CGROUP_PARENT.
+  const scope = scopeDir(root, cgroupParent(io().env), vm.id);
   // A console (or vsock) server, or a load (standin knobs), needs node; everything else is a
-  // `sleep` named like the VMM.
+  // `sleep` named like the VMM. A node stand-in keeps its scope's cpu.stat current.
   const pid = nodeStandin
     ? spawnDetached(
         root,
-        { argv0, cmd: process.execPath, args: [STANDIN_NODE, root, vm.id], log },
+        { argv0, cmd: process.execPath, args: [STANDIN_NODE, root, vm.id, scope], log },
         'standin',
         vm.id,
       )
     : spawnDetached(root, { argv0, cmd: 'sleep', args: ['infinity'], log }, 'standin', vm.id);
   if (guest.leaseAt > now && nics.some((n) => n.dhcp)) ensureDhcpd(root, opts.leasesPath);
-  if (pid) fs.writeFileSync(pidFile(root, dir, vm.id), `${pid}\n`);
+  if (pid) {
+    fs.writeFileSync(pidFile(root, dir, vm.id), `${pid}\n`);
+    createScope(root, scope, vm.id, pid, vm.config);
+  }
   return pid;
 }
 
 /** After the record says running: grant the lease right away when no delay applies (else dhcpd does). */
 export function finishBoot(root: string, leasesPath: string, vmId: string, knobs: Knobs): void {
   dhcpSync(root, leasesPath, vmId, knobs);
+  // A Linux guest with a static address answers from boot (guestnet.ts; SAC ones on its sync).
+  const g = readGuest(root, vmId);
+  if (g && answers(knobs, g.name))
+    guestNetChange(root, { add: g.nics.flatMap((n) => configuredAddress(g.windows, n) ?? []) });
 }
 
-/** Kills the VM's processes and removes its run dir, logs, guest state and static addresses. */
+/**
+ * Kills the VM's processes and removes its cgroup scope, run dir, logs, guest state and static
+ * addresses.
+ */
 export function destroyVmFiles(root: string, dir: BackendDir, vmId: string, pid: number): void {
   killTracked(root, pid);
   const recorded = Number(readPidFile(root, dir, vmId));
   if (recorded && recorded !== pid) killTracked(root, recorded);
+  removeScopes(root, [vmId]);
   fs.rmSync(runDir(root, dir, vmId), { recursive: true, force: true });
   fs.rmSync(logDir(root, dir, vmId), { recursive: true, force: true });
+  const leased = readGuest(root, vmId)?.nics.flatMap((n) => (n.leaseIp ? [n.leaseIp] : [])) ?? [];
+  guestNetChange(root, { del: leased });
   removeGuest(root, vmId);
   releaseStatic(root, vmId);
   fs.rmSync(ownerFile(root, vmId), { force: true });

@@ -16,10 +16,12 @@ import { KubeletAuthorizer } from './kubelet/auth.ts';
 import { kubeletMetrics } from './kubelet/metrics.ts';
 import { KubeletServer } from './kubelet/server.ts';
 import { loadOrCreateServingCert } from './kubelet/tls.ts';
+import { PROBE_TIMEOUT_MS } from './lifecycle/probe.ts';
 import { createLogger } from './log.ts';
 import { Counter, Gauge } from './metrics/prom.ts';
 import { createMetrics } from './metrics/registry.ts';
 import { startMetricsServer } from './metrics/server.ts';
+import { IcmpProber, icmpUnavailable } from './net/icmp.ts';
 import { LeaseFile } from './net/leases.ts';
 import { NodeAgent } from './node/heartbeat.ts';
 import { probeHost } from './node/host.ts';
@@ -222,7 +224,24 @@ async function main(argv: string[]): Promise<number> {
     declareWebSockets: config.execWebSocket,
     nodeIdentity,
   };
+  // Readiness without a probe port sends one ICMP echo (docs/decisions.md, "ICMP probes").
+  const icmpGap = await icmpUnavailable({ log });
+  if (icmpGap)
+    log.warn(
+      { reason: icmpGap },
+      'no ICMP echo on this host (install fping; the unit keeps CAP_NET_RAW): pods without vm.cocoonstack.io/probe-port are ready once their IP resolves',
+    );
+  const icmp = icmpGap ? undefined : new IcmpProber({ timeoutMs: PROBE_TIMEOUT_MS, log });
+  new Gauge({
+    name: 'cocoon_vk_probe_icmp_available',
+    help: '1 when probes without a probe port send ICMP echo, 0 when a resolved IP counts as reachable.',
+    registers: [metrics.registry],
+    collect() {
+      this.set(icmp ? 1 : 0);
+    },
+  });
   const provider = new CocoonProvider({
+    icmp: icmp ? (ip, withinMs) => icmp.probe(ip, withinMs) : undefined,
     ledger,
     status,
     // CreatePod admission counts against the figures the node object advertises.
@@ -293,7 +312,7 @@ async function main(argv: string[]): Promise<number> {
         tap: vm.nics.map((n) => n.tap).filter(Boolean),
         container: rec.pod.spec?.containers?.[0]?.name,
       })),
-    { rootDir: config.cocoonRootDir, cgroupParent: config.cgroupParent, log },
+    { rootDir: config.cocoonRootDir, cgroupParent: config.cgroupParent, cgroupRoot: config.cgroupRoot, log },
   );
   attachSampler(metrics, sampler);
   const metricsServer = await startMetricsServer({

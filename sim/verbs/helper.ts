@@ -15,6 +15,7 @@ import {
   updateSnapDb,
 } from '../db.ts';
 import { CliError } from '../errors.ts';
+import { checkStaticAddress } from '../guestnet.ts';
 import { registerImage } from '../images.ts';
 import { io } from '../io.ts';
 import type { Knobs } from '../knob-schema.ts';
@@ -149,6 +150,7 @@ async function fixture(root: string, argv: string[]): Promise<number> {
   const nics = int(p, 'nics') ?? 1;
   const statics = strs(p, 'static-ip').map(parseStaticIp);
   if (statics.length > nics) throw new CliError('more --static-ip than --nics');
+  for (const s of statics) checkStaticAddress(root, s.ip);
   const digest = str(p, 'digest') ?? imageDigestFor(image);
   const id = newId();
   const cpu = int(p, 'cpu') ?? 2;

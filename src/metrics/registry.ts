@@ -64,6 +64,8 @@ export interface VmMetrics {
   diskCowBytes: Gauge<VmLabel>;
   networkRxBytes: Counter<VmLabel>;
   networkTxBytes: Counter<VmLabel>;
+  /** VMs by where their CPU figure came from at the last sample (`cgroup`, `proc`, `none`). */
+  cpuSource: Gauge<'source'>;
 }
 
 /** Node families, set from the stats sample at scrape time (src/stats/collect.ts). */
@@ -403,6 +405,11 @@ export function createMetrics(options: CreateMetricsOptions = {}): Metrics {
         'cocoon_vk_vm_network_tx_bytes_total',
         'Bytes sent by the VM on its TAP devices (best effort).',
         vmLabels,
+      ),
+      cpuSource: sampledGauge(
+        'cocoon_vk_vm_cpu_source',
+        "VMs by the source of their CPU figure: cgroup (the VM's scope cpu.stat), proc (its scope is missing: /proc of its process), none.",
+        ['source'],
       ),
     },
     node: {

@@ -25,6 +25,9 @@ export function applySample(m: { vm: VmMetrics; node: NodeMetrics }, sample: Sam
   }
   v.memoryRssBytes.reset();
   v.diskCowBytes.reset();
+  // Every source shows, 0 included: a node whose VMs all read /proc says so.
+  for (const source of ['cgroup', 'proc', 'none'] as const)
+    v.cpuSource.set({ source }, sample.vms.filter((s) => s.cpuSource === source).length);
   for (const s of sample.vms) {
     const labels: Partial<Record<VmLabel, string>> = v.perVm
       ? { vm: s.vm.vmName, pod: s.vm.pod, namespace: s.vm.namespace, backend: s.vm.backend }

@@ -14,7 +14,7 @@ import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import type { ExplainReport } from '../../src/cli/explain/facts.ts';
-import { annotate, fixture, guestCalls, lifecycle, simVm } from './helpers.ts';
+import { annotate, fixture, guestCalls, lifecycle, simVm, staticSeed } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -32,7 +32,7 @@ function pod(name: string, annotations: Record<string, string>): V1Pod {
 before(async () => {
   w = await world();
   await fixture(w, 'ex/dhcp', 'linux');
-  await fixture(w, 'ex/static', 'linux', ['10.88.7.17/16,10.88.0.1']);
+  await fixture(w, 'ex/static', 'linux', [staticSeed(w, 0, 17, 22).seed]);
   await w.simulator.setKnobs({
     dhcp: { vms: [{ match: '^vk-x-never', never: true }] },
     exec: [{ match: '^vk-x-exhaust', argvRegex: 'systemd-networkd', error: EXHAUST_ERROR }],

@@ -9,7 +9,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
 import { newNamespace, vmPod, waitForPod, waitForPodGone } from '../../ground/kube.ts';
 import { useWorld, type World } from '../../ground/world.ts';
-import { annotate, cliCalls, fixture, guestCalls, lifecycle } from './helpers.ts';
+import { annotate, cliCalls, fixture, guestCalls, lifecycle, staticSeed } from './helpers.ts';
 
 const world = useWorld();
 let w: World;
@@ -27,7 +27,7 @@ const MANAGED = (vm: string, image = 'acme/agent', extra: Record<string, string>
 before(async () => {
   w = await world();
   await fixture(w, 'acme/agent', 'linux');
-  await fixture(w, 'acme/static', 'linux', ['10.77.0.20/24,10.77.0.1']);
+  await fixture(w, 'acme/static', 'linux', [staticSeed(w, 0, 20).seed]);
   await w.simulator.mergeKnobs({ dhcp: { vms: [{ match: '^vk-h-slow', leaseDelayMs: 6000 }] } });
   // Every version of every pod of this namespace: lifecycle sequence and write count.
   const watch = new Watch(w.kc);

@@ -70,6 +70,26 @@ const FIXTURE_KINDS: Record<
   windows: { backend: 'cloud-hypervisor', os: 'windows', image: 'https://images.example/win11.qcow2' },
 };
 
+/** The first three octets of the /24 `i` (0–3) of the guest network's static range: static
+ * guests answer the daemon's ICMP probe only there, and the simulator refuses a static address
+ * outside it (docs/simulator.md, "Guest network"). */
+export function staticNet(w: World, i: number): string {
+  const [a, b, c] = (w.simulator.guestNet?.staticSubnet ?? '').split('.');
+  return `${a}.${b}.${Number(c) + i}`;
+}
+
+/** A static NIC seed for `fixture` in the /24 `i` of the guest network's static range: host
+ * `host`, gateway `.1`, prefix `prefix` (at most 24). */
+export function staticSeed(
+  w: World,
+  i: number,
+  host: number,
+  prefix = 24,
+): { seed: string; ip: string; gateway: string } {
+  const net = staticNet(w, i);
+  return { seed: `${net}.${host}/${prefix},${net}.1`, ip: `${net}.${host}`, gateway: `${net}.1` };
+}
+
 /** Creates a clonable snapshot in the world's simulator (optionally with static NICs). */
 export async function fixture(
   w: World,

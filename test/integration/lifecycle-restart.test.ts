@@ -11,7 +11,16 @@ import { startApiserver, stopApiserver } from '../../ground/cluster.ts';
 import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
-import { annotate, fixture, guestCalls, leaseFor, lifecycle, postClone, simVm } from './helpers.ts';
+import {
+  annotate,
+  fixture,
+  guestCalls,
+  leaseFor,
+  lifecycle,
+  postClone,
+  simVm,
+  staticSeed,
+} from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true, privateGround: true });
 let w: World;
@@ -28,7 +37,7 @@ function pod(name: string, vmName: string, image: string, extra: Record<string, 
 before(async () => {
   w = await world();
   await fixture(w, 'win/base', 'windows');
-  await fixture(w, 'lin/static-oci', 'linux', ['10.88.3.17/16,10.88.0.1']);
+  await fixture(w, 'lin/static-oci', 'linux', [staticSeed(w, 0, 17, 22).seed]);
   await fixture(w, 'lin/dhcp', 'linux');
   await w.simulator.setKnobs({
     dhcp: {

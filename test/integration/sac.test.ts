@@ -14,7 +14,7 @@ import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import type { Knobs } from '../../sim/client.ts';
-import { isReady, lifecycle, postClone, simVm } from './helpers.ts';
+import { isReady, lifecycle, postClone, simVm, staticNet } from './helpers.ts';
 
 const world = useWorld({ deferDaemon: true });
 let w: World;
@@ -54,7 +54,13 @@ const SCENARIOS: [string, string, string, Record<string, string>][] = [
 function knobs(okHidden: boolean): Knobs {
   return {
     latency: { 'vm clone': 500 },
-    networks: { 'static-net': { subnet: '10.90.0.0/16', gateway: '10.90.0.1', rangeStart: '10.90.0.10' } },
+    networks: {
+      'static-net': {
+        subnet: `${staticNet(w, 2)}.0/24`,
+        gateway: `${staticNet(w, 2)}.1`,
+        rangeStart: `${staticNet(w, 2)}.10`,
+      },
+    },
     guest: {
       sac: {
         vms: [
@@ -78,7 +84,10 @@ before(async () => {
     os: 'windows',
     image: WIN_IMAGE,
     nics: 2,
-    staticIps: ['10.88.3.17/16,10.88.0.1', '10.89.0.5/24,10.89.0.1'],
+    staticIps: [
+      `${staticNet(w, 0)}.17/22,${staticNet(w, 0)}.1`,
+      `${staticNet(w, 1)}.5/24,${staticNet(w, 1)}.1`,
+    ],
   });
   await w.simulator.setKnobs(knobs(true));
   await w.restart();
@@ -204,7 +213,7 @@ test('two static NICs: enumeration waits for both, each is set (NIC i on the i-t
     .map((l) => l.line)
     .filter((l) => l.startsWith('i '));
   assert.deepEqual(sets, [
-    `i 10 ${n0.ip} 255.255.0.0 ${n0.gateway}`,
+    `i 10 ${n0.ip} 255.255.252.0 ${n0.gateway}`,
     `i 11 ${n1.ip} 255.255.255.0 ${n1.gateway}`,
   ]);
   const firstSet = consoleLines('vk-sac-ok').findIndex((l) => l.line.startsWith('i '));
@@ -219,7 +228,7 @@ test('two static NICs: enumeration waits for both, each is set (NIC i on the i-t
   assert.deepEqual(
     g.nics.map((n) => n.sac),
     [
-      { ip: n0.ip, mask: '255.255.0.0', gateway: n0.gateway },
+      { ip: n0.ip, mask: '255.255.252.0', gateway: n0.gateway },
       { ip: n1.ip, mask: '255.255.255.0', gateway: n1.gateway },
     ],
   );
@@ -280,7 +289,7 @@ test('run mode, static NIC: ready only after the SAC pass ran and succeeded', as
   assert.ok(n0, 'vm run on static-net gives a static NIC');
   const lines = consoleLines('vk-sac-run');
   const set = lines.find((l) => l.line.startsWith('i '));
-  assert.equal(set?.line, `i 10 ${n0.ip} 255.255.0.0 10.90.0.1`);
+  assert.equal(set?.line, `i 10 ${n0.ip} 255.255.255.0 ${staticNet(w, 2)}.1`);
   const verified = lines.at(-1);
   assert.equal(verified?.line, 'i');
   const readyAt = seen.find((e) => e.name === 'run-ok' && e.lifecycle === 'ready')?.at ?? 0;

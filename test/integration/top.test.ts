@@ -133,6 +133,25 @@ describe('kubectl top through metrics-server', () => {
     for (const pod of ['hot', 'cold']) await waitForPod(w.core, w.namespace, pod, 'Ready', podReady, 60_000);
   });
 
+  test("VM CPU comes from each VM's cgroup scope (the simulator's tree, VK_CGROUP_ROOT), not /proc", async () => {
+    // The daemon's shared sample is up to 2 s old: the new VMs are in the next one.
+    let text = '';
+    await waitFor(
+      'both VMs in a stats sample',
+      async () => {
+        text = await (await fetch(`http://127.0.0.1:${w.daemon.metricsPort}/metrics`)).text();
+        return (
+          /^cocoon_vk_vm_cpu_source\{source="(cgroup|proc)"\} [1-9]/m.test(text) &&
+          /^cocoon_vk_vm_cpu_source\{[^}]*\} 2$/m.test(text)
+        );
+      },
+      15_000,
+      250,
+    );
+    assert.match(text, /^cocoon_vk_vm_cpu_source\{source="cgroup"\} 2$/m, 'hot and cold read from cpu.stat');
+    assert.match(text, /^cocoon_vk_vm_cpu_source\{source="proc"\} 0$/m);
+  });
+
   test('metrics-server reaches our kubelet API with its own token: TokenReview + SubjectAccessReview', async () => {
     assert.ok(ms);
     // The token metrics-server presents is accepted for nodes/metrics (and nodes/stats is not in

@@ -9,7 +9,7 @@ import { PatchStrategy, setHeaderOptions, type V1Pod, Watch } from '@kubernetes/
 import { adminClients, newNamespace, vmPod } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
-import { fixture, isReady, lifecycle } from './helpers.ts';
+import { fixture, isReady, lifecycle, staticSeed } from './helpers.ts';
 
 const world = useWorld();
 let w: World;
@@ -18,7 +18,7 @@ before(async () => {
   w = await world();
   const started = Date.now();
   await fixture(w, 'wr/dhcp', 'linux');
-  await fixture(w, 'wr/static', 'linux', ['10.88.6.17/16,10.88.0.1']);
+  await fixture(w, 'wr/static', 'linux', [staticSeed(w, 0, 17, 22).seed]);
   // The node's first heartbeats (node, Lease, status) are behind us before anything is counted.
   const { coordination } = adminClients(w.ground.cluster);
   await waitFor(

@@ -7,6 +7,7 @@ import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { newSimRoot, type SimRoot, type VmRecord } from '../../sim/client.ts';
+import { readGuest } from '../../sim/guest.ts';
 
 const OCI = 'ghcr.io/acme/agent:3';
 const WIN = 'https://images.example.com/windows/win11-25h2.qcow2';
@@ -87,15 +88,39 @@ describe('simulated guest: DHCP, exec effects, SAC', { concurrency: 1 }, () => {
 
   test('the lease appears after dhcp.leaseDelayMs, in the exact cocoon-net format', async () => {
     await sim.mergeKnobs({ dhcp: { vms: [{ match: '^vk-delay$', leaseDelayMs: 3000 }] } });
-    const t0 = Date.now();
     const vm = await clone('vk-delay', 'ch-base');
-    assert.equal(sim.leaseFor(mac0(vm)), undefined, 'no lease before the delay');
-    const lease = await until('lease', () => sim.leaseFor(mac0(vm)));
-    assert.ok(Date.now() - t0 >= 2900, 'not before the delay');
-    assert.match(lease.ip, /^172\.20\.10[0-3]\.\d+$/);
+    // The simulator's own record of the boot: when the lease is due, by its clock.
+    const guest = readGuest(sim.root, vm.id);
+    assert.ok(guest, 'guest state');
+    assert.equal(guest.leaseAt - guest.bootedAt, 3000);
+    // Every look at the lease file, with the time it was done (after the read; one clock,
+    // the host's, for both processes). A look done before the lease was due found none.
+    const looks: { at: number; found: boolean }[] = [];
+    const look = () => {
+      const l = sim.leaseFor(mac0(vm));
+      looks.push({ at: Date.now(), found: l !== undefined });
+      return l;
+    };
+    look();
+    // The bound only turns a hang into a failure: 30 s is 10 times the 3 s delay.
+    const lease = await until('lease', look, 30_000);
+    const early = looks.filter((x) => x.at < guest.leaseAt);
+    assert.deepEqual(
+      early.filter((x) => x.found),
+      [],
+      'no lease before the delay',
+    );
+    // A 24 h lease granted not before the delay and not after it was seen: expiry (whole
+    // seconds, rounded down) - 24 h lies between the due time and the first look that found it.
+    const seenAt = looks.find((x) => x.found)?.at ?? Number.NaN;
+    const grantedBy = Date.parse(lease.expiry) - 86_400_000;
+    assert.ok(
+      grantedBy >= Math.floor(guest.leaseAt / 1000) * 1000 && grantedBy <= seenAt,
+      `24 h lease granted at boot + 3 s or later (expiry ${lease.expiry}, due ${new Date(guest.leaseAt).toISOString()}, seen ${new Date(seenAt).toISOString()})`,
+    );
+    // From the root's guest network pool (sim/guestnet.ts), the first free address.
+    assert.equal(lease.ip, sim.guestNet?.poolStart);
     assert.match(lease.expiry, /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
-    const ttl = Date.parse(lease.expiry) - Date.now();
-    assert.ok(ttl > 86_390_000 && ttl <= 86_400_000, `24 h lease (${ttl} ms)`);
     const raw = fs.readFileSync(sim.leasesPath, 'utf8');
     assert.deepEqual(JSON.parse(raw), sim.leases());
     assert.equal(raw, JSON.stringify(JSON.parse(raw), null, 2), 'pretty-printed');

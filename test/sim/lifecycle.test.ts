@@ -209,15 +209,26 @@ describe('simulator VM lifecycle', { concurrency: 1 }, () => {
   });
 
   test('static NICs: fixture --static-ip gives the clone a network object; next clone the next address', async () => {
+    // In the guest network's static range: the simulator refuses a static address elsewhere.
+    const [o1, o2, o3] = (sim.guestNet?.staticSubnet ?? '').split('.');
+    const net = `${o1}.${o2}.${o3}`;
+    await assert.rejects(
+      sim.fixtureSnapshot('static-off', {
+        backend: 'cloud-hypervisor',
+        image: IMAGE,
+        staticIps: ['10.88.3.17/16,10.88.0.1'],
+      }),
+      /static address 10\.88\.3\.17 is outside the guest network/,
+    );
     await sim.fixtureSnapshot('static-base', {
       backend: 'cloud-hypervisor',
       image: IMAGE,
-      staticIps: ['10.88.3.17/16,10.88.0.1'],
+      staticIps: [`${net}.17/22,${net}.1`],
       pulled: true,
     });
     const a = await clone('vk-static-a', 'static-base');
     const b = await clone('vk-static-b', 'static-base');
-    assert.deepEqual(a.network_configs?.[0]?.network, { ip: '10.88.3.17', gateway: '10.88.0.1', prefix: 16 });
-    assert.deepEqual(b.network_configs?.[0]?.network, { ip: '10.88.3.18', gateway: '10.88.0.1', prefix: 16 });
+    assert.deepEqual(a.network_configs?.[0]?.network, { ip: `${net}.17`, gateway: `${net}.1`, prefix: 22 });
+    assert.deepEqual(b.network_configs?.[0]?.network, { ip: `${net}.18`, gateway: `${net}.1`, prefix: 22 });
   });
 });

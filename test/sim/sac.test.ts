@@ -10,6 +10,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { newSimRoot, type SimRoot, type VmRecord } from '../../sim/client.ts';
+import { readGuest } from '../../sim/guest.ts';
 import { validateKnobs } from '../../sim/knob-schema.ts';
 
 const WIN = 'https://images.example.com/windows/win11-25h2.qcow2';
@@ -76,15 +77,21 @@ const nets = (listing: string) =>
 
 describe('simulated SAC console', { concurrency: 1 }, () => {
   let sim: SimRoot;
+  let gw0 = '';
+  let gw1 = '';
 
   before(async () => {
     sim = await newSimRoot();
+    // Two /24s of the guest network's static range (the simulator refuses others).
+    const [a, b, c] = (sim.guestNet?.staticSubnet ?? '').split('.');
+    gw0 = `${a}.${b}.${c}.1`;
+    gw1 = `${a}.${b}.${Number(c) + 1}.1`;
     await sim.fixtureSnapshot('win-two', {
       backend: 'cloud-hypervisor',
       os: 'windows',
       image: WIN,
       nics: 2,
-      staticIps: ['10.88.3.17/16,10.88.0.1', '10.89.0.5/24,10.89.0.1'],
+      staticIps: [`${a}.${b}.${c}.17/22,${gw0}`, `${a}.${b}.${Number(c) + 1}.5/24,${gw1}`],
     });
   });
   after(async () => {
@@ -115,7 +122,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
       );
       for (const n of listed) assert.match(n.ip as string, /^169\.254\./);
       const ip = staticIp(vm, 1);
-      assert.match(await con.command(`i 11 ${ip} 255.255.255.0 10.89.0.1`), /SAC successfully set/);
+      assert.match(await con.command(`i 11 ${ip} 255.255.255.0 ${gw1}`), /SAC successfully set/);
       assert.deepEqual(nets(await con.command('i'))[1], { net: 11, ip });
     } finally {
       con.close();
@@ -123,7 +130,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
     const lines = sacLog()
       .filter((e) => e.vm === 'vk-sac-ok')
       .map((e) => e.line);
-    assert.deepEqual(lines, ['', 'i', `i 11 ${staticIp(vm, 1)} 255.255.255.0 10.89.0.1`, 'i']);
+    assert.deepEqual(lines, ['', 'i', `i 11 ${staticIp(vm, 1)} 255.255.255.0 ${gw1}`, 'i']);
   });
 
   test('guest.sac.noPrompt: the console accepts the connection and never shows SAC>', async () => {
@@ -152,23 +159,38 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
 
   test('guest.sac.nicsVisibleAfterMs: only the first NIC is listed until boot + the delay', async () => {
     await sim.mergeKnobs({ guest: { sac: { vms: [{ match: '^vk-sac-late$', nicsVisibleAfterMs: 3000 }] } } });
-    const t0 = Date.now();
     const vm = await clone('vk-sac-late');
+    // The simulator's own record of the boot (one clock, the host's, for both processes).
+    const guest = readGuest(sim.root, vm.id);
+    assert.ok(guest, 'guest state');
+    const { bootedAt } = guest;
+    const due = bootedAt + 3000;
     const con = await consoleOf(vm);
+    // Every listing with when it was asked for and when it came back: the console answered
+    // in between. Each is checked against the boot time, not against how long the test took.
+    const listings: { sent: number; got: number; nets: number[] }[] = [];
+    const list = async () => {
+      const sent = Date.now();
+      const listed = nets(await con.command('i')).map((n) => n.net);
+      listings.push({ sent, got: Date.now(), nets: listed });
+      return listed;
+    };
     try {
       await con.command('');
-      assert.deepEqual(
-        nets(await con.command('i')).map((n) => n.net),
-        [10],
-      );
-      await until(
-        'both NICs listed',
-        async () => (nets(await con.command('i')).length === 2 ? true : undefined),
-        8000,
-      );
-      assert.ok(Date.now() - t0 >= 2900, 'not before the delay');
+      await list();
+      // The bound only turns a hang into a failure: 30 s is 10 times the 3 s delay.
+      await until('both NICs listed', async () => ((await list()).length === 2 ? true : undefined), 30_000);
     } finally {
       con.close();
+    }
+    for (const l of listings) {
+      // Answered before boot + the delay: only the first NIC.
+      if (l.got < due) assert.deepEqual(l.nets, [10], `listed ${l.got - bootedAt} ms after boot`);
+      // Asked for after it: both.
+      if (l.sent >= due) assert.deepEqual(l.nets, [10, 11], `listed ${l.sent - bootedAt} ms after boot`);
+      // Both NICs only once boot + the delay had passed (not before the delay).
+      if (l.nets.length === 2) assert.ok(l.got >= due, `both listed ${l.got - bootedAt} ms after boot`);
+      else assert.deepEqual(l.nets, [10]);
     }
   });
 
@@ -192,7 +214,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
       await con.command('');
       const before = nets(await con.command('i'));
       assert.match(
-        await con.command(`i 10 ${staticIp(vm, 0)} 255.255.0.0 10.88.0.1`),
+        await con.command(`i 10 ${staticIp(vm, 0)} 255.255.252.0 ${gw0}`),
         /SAC could not set the IP Address\./,
       );
       assert.deepEqual(nets(await con.command('i')), before);
@@ -208,10 +230,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
     try {
       await con.command('');
       const before = nets(await con.command('i'));
-      assert.match(
-        await con.command(`i 10 ${staticIp(vm, 0)} 255.255.0.0 10.88.0.1`),
-        /SAC successfully set/,
-      );
+      assert.match(await con.command(`i 10 ${staticIp(vm, 0)} 255.255.252.0 ${gw0}`), /SAC successfully set/);
       assert.deepEqual(nets(await con.command('i')), before);
       assert.notEqual(before[0]?.ip, staticIp(vm, 0));
     } finally {
@@ -236,7 +255,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
     try {
       await con.command('');
       assert.equal(nets(await con.command('i')).length, 1, 'nicsVisibleAfterMs from the second entry');
-      await con.command(`i 10 ${staticIp(vm, 0)} 255.255.0.0 10.88.0.1`);
+      await con.command(`i 10 ${staticIp(vm, 0)} 255.255.252.0 ${gw0}`);
       assert.equal(
         nets(await con.command('i'))[0]?.ip,
         staticIp(vm, 0),
@@ -249,7 +268,10 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
   });
 
   test('vm run of a Windows cloud image on a static network serves SAC for its static NIC', async () => {
-    await sim.setKnobs({ networks: { 'static-net': { subnet: '10.90.0.0/16', gateway: '10.90.0.1' } } });
+    // A static network of the guest network's static range (sim/guestnet.ts refuses others).
+    const [a, b, c] = (sim.guestNet?.staticSubnet ?? '').split('.');
+    const net = `${a}.${b}.${c}`;
+    await sim.setKnobs({ networks: { 'static-net': { subnet: `${net}.0/24`, gateway: `${net}.1` } } });
     await sim.fixtureImage(WIN);
     const vm = await sim.json<VmRecord>([
       'vm',
@@ -264,7 +286,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
       WIN,
     ]);
     const ip = staticIp(vm, 0);
-    assert.equal(ip, '10.90.0.10');
+    assert.equal(ip, `${net}.10`);
     const con = await consoleOf(vm);
     try {
       await con.command('');
@@ -277,7 +299,7 @@ describe('simulated SAC console', { concurrency: 1 }, () => {
         listed = nets(await con.command('i'));
       }
       assert.match(listed[0]?.ip as string, /^169\.254\./);
-      await con.command(`i 10 ${ip} 255.255.0.0 10.90.0.1`);
+      await con.command(`i 10 ${ip} 255.255.255.0 ${net}.1`);
       assert.equal(nets(await con.command('i'))[0]?.ip, ip);
     } finally {
       con.close();

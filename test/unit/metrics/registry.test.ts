@@ -54,6 +54,7 @@ const SPEC: ReadonlyArray<readonly [string, Type, readonly string[]]> = [
   ['cocoon_vk_vm_disk_cow_bytes', 'gauge', VM],
   ['cocoon_vk_vm_network_rx_bytes_total', 'counter', VM],
   ['cocoon_vk_vm_network_tx_bytes_total', 'counter', VM],
+  ['cocoon_vk_vm_cpu_source', 'gauge', ['source']],
   ['cocoon_vk_node_cpu_seconds_total', 'counter', []],
   ['cocoon_vk_node_memory_used_bytes', 'gauge', []],
   ['cocoon_vk_node_storage_available_bytes', 'gauge', []],
@@ -110,6 +111,7 @@ function touchAll(m: Metrics): void {
   m.vm.diskCowBytes.set(vm, 1);
   m.vm.networkRxBytes.inc(vm, 1);
   m.vm.networkTxBytes.inc(vm, 1);
+  m.vm.cpuSource.set({ source: 'cgroup' }, 1);
   m.node.cpuSeconds.inc(1);
   m.node.memoryUsedBytes.set(1);
   m.node.storageAvailableBytes.set(1);
@@ -199,6 +201,10 @@ describe('createMetrics', () => {
     );
     assert.equal(v('cocoon_vk_orphan_vm_total'), 3);
     assert.equal(v('cocoon_vk_probe_duration_seconds_count', { namespace: 'ns' }), 1);
+    // The observed value is the one returned. `< 5` is a unit check, not a speed check: the
+    // timer ran for microseconds, so ms or ns would exceed it, and 5 s is far more than 10
+    // times what even a stalled machine takes between two statements.
+    assert.equal(v('cocoon_vk_probe_duration_seconds_sum', { namespace: 'ns' }), seconds);
     assert.ok(seconds >= 0 && seconds < 5);
   });
 

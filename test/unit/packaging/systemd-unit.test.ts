@@ -38,6 +38,12 @@ describe('the unit file', () => {
     assert.deepEqual(values('CacheDirectoryMode'), ['0700']);
   });
 
+  test("CAP_NET_RAW stays in the bounding set: the probe's fping sends ICMP echo with it", () => {
+    const caps = values('CapabilityBoundingSet').join(' ').split(/\s+/);
+    assert.ok(caps.includes('CAP_NET_RAW'), caps.join(' '));
+    assert.equal(values('User')[0], 'root', 'root holds it; NoNewPrivileges does not take it away');
+  });
+
   test('nothing that would take from the hypervisors what they need', () => {
     // Each of these gives the service a mount namespace or a device ACL, a socket or
     // namespace filter: network namespaces bind-mounted by cocoon would stay inside it, and

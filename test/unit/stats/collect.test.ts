@@ -46,6 +46,8 @@ describe('collect hook', () => {
     assert.ok((value(text, 'cocoon_vk_vm_disk_cow_bytes', l) ?? 0) >= 16384);
     assert.equal(value(text, 'cocoon_vk_vm_network_rx_bytes_total', l), 20);
     assert.equal(value(text, 'cocoon_vk_vm_network_tx_bytes_total', l), 10);
+    assert.equal(value(text, 'cocoon_vk_vm_cpu_source', { source: 'cgroup' }), 1, 'read from its scope');
+    assert.equal(value(text, 'cocoon_vk_vm_cpu_source', { source: 'proc' }), 0);
     assert.equal(value(text, 'cocoon_vk_node_cpu_seconds_total'), 40);
     assert.equal(value(text, 'cocoon_vk_node_memory_used_bytes'), 10_000_000 * 1024);
     assert.ok((value(text, 'cocoon_vk_node_storage_total_bytes') ?? 0) > 0);
