@@ -29,6 +29,7 @@ import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { existsSync, globSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { isAbsolute, join, relative } from 'node:path';
+import { sweepDeadOwners } from '../sim/guestnet.ts';
 import { repoRoot } from './cluster.ts';
 import { type Ground, startGround, stopGround } from './ground.ts';
 import { installTeardown, openPidRegistry } from './proc.ts';
@@ -51,7 +52,12 @@ const PROFILE: Record<string, { estimate: number }> = {
   'test/integration/registry-pull.test.ts': { estimate: 45 },
   'test/integration/vm-events.test.ts': { estimate: 40 },
   'test/integration/hibernate-operator.test.ts': { estimate: 25 },
-  'test/integration/lease-release.test.ts': { estimate: 10 },
+  // The realistic timing world (leases 1–8 s, agents 2–20 s): its three paths at once.
+  'test/integration/lease-release.test.ts': { estimate: 25 },
+  // Three round trips at once in the realistic timing world.
+  'test/integration/hibernate.test.ts': { estimate: 50 },
+  // ICMP silence (3 failures of a 10 s period, then back) and a TCP probe port.
+  'test/integration/probes.test.ts': { estimate: 60 },
   // Two hosts; three deletes during an outage, a restart each for two (12 s alone).
   'test/integration/deferred-push.test.ts': { estimate: 25 },
   // With a 1 GiB blob uploaded, then read through a cut at 50 % (20–37 s of it).
@@ -216,6 +222,8 @@ const end = installTeardown(
         );
     }
     if (ground) await stopGround(ground).catch(() => {});
+    // Guest network namespaces of test processes that were killed (sim/guestnet.ts).
+    sweepDeadOwners();
     const keepLogs = !(why.kind === 'done' && why.code === 0);
     if (keepLogs) {
       log(`logs kept in ${dir}`);

@@ -7,7 +7,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach } from 'node:test';
 import type { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
-import { newSimRoot, type SimRoot } from '../sim/client.ts';
+import { type Knobs, newSimRoot, type SimRoot } from '../sim/client.ts';
+import { REALISTIC_WORLD } from '../sim/knobs.ts';
 import { type Daemon, startDaemon } from './daemon.ts';
 import { type Ground, useGround } from './ground.ts';
 import { adminClients, newNamespace } from './kube.ts';
@@ -40,6 +41,23 @@ export interface WorldOptions {
   privateGround?: boolean;
   /** The daemon's credentials (DaemonOptions.identity): its node identity unless `provider`. */
   identity?: 'node' | 'provider';
+  /** The simulator's timing world (docs/simulator.md "Timing worlds"): `instant` (the default:
+   * leases, agents and clones at once unless a test's knobs say otherwise) or `realistic`
+   * (lease 1–8 s, agent 2–20 s, clone 0.3–3 s per VM, drawn from a seed the file prints;
+   * VK_SIM_WORLD_SEED=N replays one). A test's own setKnobs replaces the world. */
+  timing?: 'instant' | 'realistic';
+}
+
+/** The seed of a realistic world: VK_SIM_WORLD_SEED, else a fresh one (printed). */
+function worldSeed(): number {
+  const fixed = process.env.VK_SIM_WORLD_SEED;
+  if (fixed !== undefined && fixed !== '') {
+    const n = Number(fixed);
+    if (!Number.isSafeInteger(n) || n < 0)
+      throw new Error(`VK_SIM_WORLD_SEED=${fixed}: expected an integer ≥ 0`);
+    return n;
+  }
+  return randomBytes(4).readUInt32BE(0);
 }
 
 /**
@@ -71,7 +89,20 @@ export function useWorld(opts: WorldOptions = {}): () => Promise<World> {
     pending ??= (async () => {
       const g = await ground();
       dir = mkdtempSync(join(tmpdir(), 'vk-world-'));
-      const simulator = await newSimRoot({ parent: dir });
+      let knobs: Knobs | undefined;
+      if (opts.timing === 'realistic') {
+        const seed = worldSeed();
+        console.log(`# timing world: realistic, seed ${seed} (VK_SIM_WORLD_SEED=${seed} replays it)`);
+        knobs = {
+          world: {
+            seed,
+            leaseMs: [...REALISTIC_WORLD.leaseMs],
+            agentMs: [...REALISTIC_WORLD.agentMs],
+            cloneMs: [...REALISTIC_WORLD.cloneMs],
+          },
+        };
+      }
+      const simulator = await newSimRoot({ parent: dir, knobs });
       const simRoot = simulator.root;
       const cocoonBin = simulator.cocoonBin;
       const leasesPath = simulator.leasesPath;

@@ -79,8 +79,9 @@ export class Ctx {
     this.onFinish(exit);
   }
 
-  async latency(): Promise<void> {
-    const ms = latencyMs(this.knobs, this.verb);
+  /** The verb's latency knob (or, for a clone of `vmName`, the timing world's delay). */
+  async latency(vmName?: string): Promise<void> {
+    const ms = latencyMs(this.knobs, this.verb, vmName);
     if (ms > 0) await this.io.sleep(ms);
     else await checkpoint(this.io);
   }

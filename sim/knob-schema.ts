@@ -20,6 +20,21 @@ const ipv4 = v.pipe(v.string(), v.ipv4());
 
 const Latency = v.union([ms, v.strictObject({ ms, jitterMs: v.optional(ms) })]);
 
+/** [min, max] in ms, both inclusive. */
+const Range = v.pipe(
+  v.tuple([ms, ms]),
+  v.check(([lo, hi]) => lo <= hi, "the range's min is above its max"),
+);
+
+/** A timing world (docs/simulator.md "Timing worlds"): per VM, a delay drawn in each range from
+ * a hash of (seed, VM name), used where no explicit knob sets that delay. */
+const World = v.strictObject({
+  seed: v.optional(v.pipe(v.number(), v.integer(), v.minValue(0))),
+  leaseMs: v.optional(Range),
+  agentMs: v.optional(Range),
+  cloneMs: v.optional(Range),
+});
+
 const Fault = v.strictObject({
   match: v.optional(regex),
   argvRegex: v.optional(regex),
@@ -123,10 +138,14 @@ export const KnobsSchema = v.strictObject({
   images: v.optional(v.strictObject({ digests: v.optional(v.record(v.string(), v.string())) })),
   networks: v.optional(v.record(v.string(), StaticNet)),
   quirks: v.optional(v.strictObject({ clonePidZero: v.optional(v.boolean()) })),
+  /** Guests (by VM name) that stop answering ICMP echo: a hung guest (sim/guestnet.ts). */
+  icmp: v.optional(v.strictObject({ silent: v.optional(regex) })),
+  world: v.optional(World),
 });
 
 export type Knobs = v.InferOutput<typeof KnobsSchema>;
 export type FaultKnob = v.InferOutput<typeof Fault>;
+export type WorldKnob = v.InferOutput<typeof World>;
 export type ExecRuleKnob = v.InferOutput<typeof ExecRule>;
 export type Effect = (typeof EFFECTS)[number];
 

@@ -287,7 +287,7 @@ async function clone(ctx: Ctx, p: Parsed): Promise<number> {
     const placeholder = reserve(ctx, dir, vmName, { name: vmName, cpu: snap.cpu, memory: snap.memory });
     let vm: VmRecord = { ...placeholder, config };
     try {
-      await ctx.latency();
+      await ctx.latency(vmName);
       await ctx.faults('start', p, [vmName, snap.name]);
       ensureImage(ctx, snap.image, snap.image_digest, bool(p, 'pull') || dirFlag !== undefined);
       const count = nicsOverride ?? snap.nics ?? 1;

@@ -1,6 +1,7 @@
 // Hibernate and wake end to end (issue 10; docs/decisions.md "Hibernate and wake"): the real
 // apiserver, the ground's real registry, the cocoon simulator with disk content, and crane
-// reading what we pushed. Each world pushes under its own registry path.
+// reading what we pushed. Each world pushes under its own registry path. In the realistic
+// timing world (lease 1–8 s, agent 2–20 s, clone 0.3–3 s), the three round trips at once.
 import assert from 'node:assert/strict';
 import { before, describe, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
@@ -11,7 +12,7 @@ import { readSnapshotIdentity } from '../../src/registry/identity.ts';
 import { parseReference } from '../../src/registry/reference.ts';
 import { annotate, type FixtureKind, fixture, isReady, lifecycle } from './helpers.ts';
 
-const world = useWorld({ deferDaemon: true });
+const world = useWorld({ deferDaemon: true, timing: 'realistic' });
 let w: World;
 let registry: RegistryClient;
 let base: string;
@@ -52,7 +53,7 @@ async function readyPod(name: string, kind: FixtureKind): Promise<V1Pod> {
   );
 }
 
-describe('round trip: clone → ready → hibernate → hibernated → wake → ready', () => {
+describe('round trip: clone → ready → hibernate → hibernated → wake → ready', { concurrency: true }, () => {
   for (const kind of ['linux', 'firecracker', 'windows'] as const) {
     test(kind, async () => {
       const name = `rt-${kind.slice(0, 3)}`;
