@@ -5,19 +5,25 @@
 //   npm run bench -- restart      # bench/restart.ts (also `npm run bench:restart`)
 //   npm run bench -- steady       # bench/steady.ts (also `npm run bench:steady`)
 //   npm run bench -- --release 100 300 1000   # the release build (also VK_BENCH_RELEASE=1)
+//   npm run bench -- --figures docs/figures   # also SVG figures of each size (also VK_BENCH_FIGURES=DIR)
 // One control plane (with its audit log) serves every size; each size gets a fresh simulator
 // root, a fresh daemon on its own node name and a fresh namespace, so the daemon's CPU, peak
 // memory and writes belong to that size alone (docs/benchmarks.md).
 // However it ends (done, an error, SIGINT/SIGTERM, a crash) every process it started is stopped
 // through its PID registry (ground/proc.ts), the simulator's stand-ins included.
+import { join } from 'node:path';
 import { DEFAULT_KUBE_BURST, DEFAULT_KUBE_QPS } from '../src/kube/client.ts';
 import { MAIN_KINDS, otherWrites } from './lib/audit.ts';
 import { type BringUpResult, bringUp, bringUpLine } from './lib/bringup.ts';
 import { sumCounts } from './lib/calls.ts';
+import { burstSvg, figuresOption, readyLatencySvg, writeFigure } from './lib/charts.ts';
 import { Bench, benchArgs, machineLines } from './lib/harness.ts';
 import { fmtMiB, fmtN, fmtS, markdownTable, max, pct } from './lib/stats.ts';
+import type { PodTracker } from './lib/watchers.ts';
 
-const sub = benchArgs()[0];
+// `--figures DIR` is taken out here, as the harness takes out `--release`.
+const { dir: figuresDir, rest: args } = figuresOption(benchArgs(), process.env);
+const sub = args[0];
 if (sub === 'restart' || sub === 'steady') {
   await import(sub === 'restart' ? './restart.ts' : './steady.ts');
 } else {
@@ -25,12 +31,11 @@ if (sub === 'restart' || sub === 'steady') {
 }
 
 function sizes(): number[] {
-  const args = benchArgs();
   const fromArgs = args.map(Number);
   if (args.length > 0) {
     if (fromArgs.some((n) => !Number.isInteger(n) || n <= 0))
       throw new Error(
-        `usage: npm run bench -- [--release] [pods...] | restart | steady (got ${args.join(' ')})`,
+        `usage: npm run bench -- [--release] [--figures DIR] [pods...] | restart | steady (got ${args.join(' ')})`,
       );
     return fromArgs;
   }
@@ -47,9 +52,10 @@ function clones(): void {
     for (const n of list) {
       bench.check();
       const env = await bench.newEnv(`bench-${n}`, { pods: n });
-      const { result, tracker } = await bringUp(bench, env, n);
+      const { result, tracker, windowEnd } = await bringUp(bench, env, n);
       tracker.stop();
       results.push(result);
+      if (figuresDir !== undefined) figures(bench, figuresDir, result, tracker, windowEnd);
       // The table comes at the end; a size's own figures are in the log as soon as it is done.
       bench.log(
         `[bench-${n}] ${bringUpLine(result)}; daemon RSS idle ${fmtMiB(result.idleRssKiB)}, ` +
@@ -68,6 +74,31 @@ function clones(): void {
     console.log('');
     console.log(table(results));
   });
+}
+
+/**
+ * The two figures of a size (bench/lib/charts.ts) in `dir`: created → PodReady of its pods, and
+ * the daemon's RSS and CPU over the window with the count of pods Ready (PodReady).
+ */
+function figures(bench: Bench, dir: string, r: BringUpResult, tracker: PodTracker, windowEnd: number): void {
+  const t0 = windowEnd - r.windowMs;
+  // The tracker watched only this size's namespace: its pods are the burst's.
+  const readyAt = [...tracker.pods.values()].flatMap((v) =>
+    v.podReadyAt === undefined ? [] : [v.podReadyAt - t0],
+  );
+  const ready = join(dir, `clones-${r.pods}-ready.svg`);
+  const burst = join(dir, `clones-${r.pods}-burst.svg`);
+  try {
+    writeFigure(
+      ready,
+      readyLatencySvg(r.createdToPodReady, { title: `${r.pods} clone pods at once: created → Ready` }),
+    );
+    writeFigure(burst, burstSvg(r.series, { title: `${r.pods} clone pods at once: the daemon`, readyAt }));
+    bench.log(`[bench-${r.pods}] figures: ${ready}, ${burst}`);
+  } catch (err) {
+    // The measurement stands without its figures: the table still comes at the end.
+    bench.log(`[bench-${r.pods}] no figures: ${(err as Error).message}`);
+  }
 }
 
 /**

@@ -13,6 +13,7 @@ import {
   type WriteCount,
 } from './audit.ts';
 import { countCalls } from './calls.ts';
+import type { BurstSample } from './charts.ts';
 import type { Bench, DaemonEnv } from './harness.ts';
 import { cpuTimes, memOf, RssSampler } from './procfs.ts';
 import { max, pct } from './stats.ts';
@@ -45,6 +46,10 @@ export interface BringUpResult {
   /** Pods of the burst whose lease was seen (lease → ready is over these). */
   leasesSeen: number;
   watchRestarts: number;
+  /** The daemon every 500 ms from t0 to the end of the window (the burst figure of
+   * bench/lib/charts.ts): ms since t0, VmRSS (KiB) and its CPU over the interval before the
+   * sample, % of one core. */
+  series: BurstSample[];
 }
 
 /** Daemon writes to pods and events: what a bring-up or a recovery makes (not the node's
@@ -182,6 +187,29 @@ export async function bringUp(
         `CPU ${cpuPct.toFixed(0)}% of a core`,
     );
   }, 10_000);
+  // The figure's finer grain, apart from the log line's 10 s: a burst of 50 pods is over in a
+  // few seconds. A sample is skipped when /proc cannot be read (the daemon gone: the loop below
+  // says so).
+  const series: BurstSample[] = [];
+  let sampledCpu = cpu0.selfMs;
+  let sampledAt = t0;
+  const sample = () => {
+    let cpuNow: number;
+    let rssKiB: number;
+    try {
+      cpuNow = cpuTimes(pid).selfMs;
+      rssKiB = memOf(pid).rssKiB;
+    } catch {
+      return;
+    }
+    const now = Date.now();
+    if (now <= sampledAt) return;
+    series.push({ tMs: now - t0, rssKiB, cpuPct: ((cpuNow - sampledCpu) / (now - sampledAt)) * 100 });
+    sampledCpu = cpuNow;
+    sampledAt = now;
+  };
+  const sampler = setInterval(sample, 500);
+  sampler.unref();
   try {
     log(`creating ${n} pods`);
     await createPods(env, tracker, names, `${env.label}-${prefix}`);
@@ -213,14 +241,23 @@ export async function bringUp(
       }
       await sleep(100);
     }
+  } catch (err) {
+    clearInterval(sampler);
+    throw err;
   } finally {
     clearInterval(progress);
   }
   const allReady = Date.now();
   const wallMs = allReady - t0;
   log(`all ${n} ready after ${(wallMs / 1000).toFixed(1)} s; waiting for the daemon's pod writes to stop`);
-  await waitQuiet(audit, t0);
+  // The series covers the whole measured window: the writes after the last Ready cost too.
+  try {
+    await waitQuiet(audit, t0);
+  } finally {
+    clearInterval(sampler);
+  }
   const t1 = Date.now();
+  sample(); // the window's end
   const cpu1 = cpuTimes(pid);
   const simCpu1 = simCpu();
   const { hwmKiB } = memOf(pid);
@@ -274,6 +311,7 @@ export async function bringUp(
       idleRssKiB,
       leasesSeen: leaseToReady.length,
       watchRestarts: tracker.restarts,
+      series,
     },
   };
 }
