@@ -160,7 +160,9 @@ async function startHost(fleet: Fleet, o: FleetOptions, index: number, name: str
     daemon: undefined as unknown as Daemon,
     logFile,
     restart: async (env, identity) => {
-      // After killHost the simulator's server is gone too: a host coming back has it again.
+      // After killHost the simulator's server and guest network are gone too: a host coming
+      // back has them again.
+      simulator.ensureGuestNet();
       if (!o.detached) await simulator.startServer();
       host.daemon = await startDaemon({
         cluster: fleet.ground.cluster,

@@ -179,6 +179,10 @@ export class SimRoot {
   readonly cocoonBin: string;
   private server: ChildProcess | undefined;
 
+  /** Whether the root's guest network is a network namespace when this process can make one
+   * (newSimRoot's `guestNetns`), else loopback addresses. */
+  guestNetns = true;
+
   constructor(dir: string, leasesPath?: string) {
     this.dir = dir;
     this.root = path.join(dir, 'root');
@@ -492,6 +496,12 @@ export class SimRoot {
    * Kills every process the simulator started for this root and stops its server; removes the
    * directory unless keepDir.
    */
+  /** Claims the root's guest network unless it has one (newSimRoot; a host coming back after
+   * `cleanup({ keepDir: true })` gave its own back). */
+  ensureGuestNet(): void {
+    if (!readGuestNet(this.root)) claimGuestNet(this.root, { netns: this.guestNetns });
+  }
+
   async cleanup(opts: { keepDir?: boolean } = {}): Promise<void> {
     if (fs.existsSync(this.root)) {
       const r = await this.run(['__sim', 'kill-all'], { timeoutMs: 15_000 }).catch(() => undefined);
@@ -534,7 +544,8 @@ export async function newSimRoot(opts: NewSimRootOptions = {}): Promise<SimRoot>
   fs.mkdirSync(path.join(sim.root, 'sim'), { recursive: true });
   fs.mkdirSync(path.dirname(sim.cocoonBin), { recursive: true });
   fs.symlinkSync(cocoonTarget(), sim.cocoonBin);
-  claimGuestNet(sim.root, { netns: opts.guestNetns ?? process.env.VK_SIM_GUESTNET !== '0' });
+  sim.guestNetns = opts.guestNetns ?? process.env.VK_SIM_GUESTNET !== '0';
+  sim.ensureGuestNet();
   if (opts.knobs) await sim.setKnobs(opts.knobs);
   if (opts.server ?? serverWanted(process.env)) await sim.startServer();
   return sim;

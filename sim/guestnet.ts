@@ -27,7 +27,7 @@ import path from 'node:path';
 import { CliError } from './errors.ts';
 import { type GuestNic, liveRecord, readGuest } from './guest.ts';
 import { type Knobs, re } from './knobs.ts';
-import { expiryMs, readLeases } from './leases.ts';
+import { expiryMs, LOOPBACK_POOL, readLeases } from './leases.ts';
 import { readJson, withLock, writeAtomic } from './lock.ts';
 import { isAlive, selfStart } from './proc.ts';
 
@@ -91,8 +91,8 @@ export function canMakeNetns(): boolean {
 const LOOPBACK: GuestNet = {
   kind: 'loopback',
   subnet: '127.20.0.0/21',
-  poolStart: '127.20.0.10',
-  poolEnd: '127.20.3.254',
+  poolStart: LOOPBACK_POOL.start,
+  poolEnd: LOOPBACK_POOL.end,
   staticSubnet: '127.20.4.0/22',
 };
 

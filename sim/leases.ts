@@ -53,11 +53,16 @@ export interface LeaseOptions {
   shuffle: boolean;
 }
 
+/** The pool of a root without a guest network of its own: the loopback guest network's
+ * (guestnet.ts), whose addresses answer on this machine, so a probe of a lease from it can
+ * never leave it. */
+export const LOOPBACK_POOL = { start: '127.20.0.10', end: '127.20.3.254' } as const;
+
 export function leaseOptions(knobs: Knobs): LeaseOptions {
   const d = knobs.dhcp ?? {};
   return {
-    poolStart: d.pool?.start ?? '172.20.100.10',
-    poolEnd: d.pool?.end ?? '172.20.103.254',
+    poolStart: d.pool?.start ?? LOOPBACK_POOL.start,
+    poolEnd: d.pool?.end ?? LOOPBACK_POOL.end,
     ttlMs: (d.leaseTTLSeconds ?? 86_400) * 1000,
     offset: d.expiryOffset ?? 'Z',
     shuffle: d.shuffle ?? true,

@@ -2,6 +2,7 @@
 import type { CoreV1Api, V1Pod } from '@kubernetes/client-node';
 import { PatchStrategy, setHeaderOptions } from '@kubernetes/client-node';
 import type { World } from '../../ground/world.ts';
+import { ipToInt } from '../../sim/guestnet.ts';
 
 export type { CallRecord as CliCall, GuestCommand as GuestCall } from '../../sim/client.ts';
 
@@ -69,6 +70,12 @@ const FIXTURE_KINDS: Record<
   firecracker: { backend: 'firecracker', os: 'linux', image: OCI_IMAGE },
   windows: { backend: 'cloud-hypervisor', os: 'windows', image: 'https://images.example/win11.qcow2' },
 };
+
+/** True for an address of the lease pool of the world's guest network (sim/guestnet.ts). */
+export function inGuestPool(w: World, ip: string): boolean {
+  const net = w.simulator.guestNet;
+  return !!net && ipToInt(ip) >= ipToInt(net.poolStart) && ipToInt(ip) <= ipToInt(net.poolEnd);
+}
 
 /** The first three octets of the /24 `i` (0–3) of the guest network's static range: static
  * guests answer the daemon's ICMP probe only there, and the simulator refuses a static address

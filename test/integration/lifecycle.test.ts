@@ -8,11 +8,11 @@ import { kubectl } from '../../ground/cluster.ts';
 import { vmPod, waitForPod } from '../../ground/kube.ts';
 import { waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
-import { ipToInt } from '../../sim/guestnet.ts';
 import {
   annotate,
   fixture,
   guestCalls,
+  inGuestPool,
   isReady,
   leaseFor,
   lifecycle,
@@ -129,15 +129,12 @@ async function fixupScript(vmName: string): Promise<string> {
   return call?.argv[2] ?? '';
 }
 
-/** True for an address of the lease pool of the world's guest network (sim/guestnet.ts). */
-function inPool(ip: string): boolean {
-  const net = w.simulator.guestNet;
-  return !!net && ipToInt(ip) >= ipToInt(net.poolStart) && ipToInt(ip) <= ipToInt(net.poolEnd);
-}
-
 test('seed 001, CH all-DHCP: no exec at all, ready once the lease is observed', async () => {
   const p = await readyPod('row-dhcp');
-  assert.ok(inPool(p.status?.podIP ?? ''), `${p.status?.podIP} is a lease of the guest network's pool`);
+  assert.ok(
+    inGuestPool(w, p.status?.podIP ?? ''),
+    `${p.status?.podIP} is a lease of the guest network's pool`,
+  );
   assert.deepEqual(guestCalls(w, 'vk-row-dhcp'), []);
   assert.equal(postClone(p), '');
 });
@@ -200,7 +197,10 @@ test('seed 001, Windows: PnP re-enumerate of present Net devices', async () => {
   const p = await readyPod('row-win');
   const calls = guestCalls(w, 'vk-row-win');
   assert.deepEqual(calls[0]?.argv, WINDOWS_ARGV);
-  assert.ok(inPool(p.status?.podIP ?? ''), `${p.status?.podIP} is a lease of the guest network's pool`);
+  assert.ok(
+    inGuestPool(w, p.status?.podIP ?? ''),
+    `${p.status?.podIP} is a lease of the guest network's pool`,
+  );
 });
 
 test('seed 000: a Windows clone with a slow lease and 50 updates during the wait reaches ready; podIP precedes ready', async (t) => {

@@ -146,8 +146,8 @@ test('--version names the version and the commit baked in at build time', async 
   console.log(`# vk-cocoon --version: ${printed}`);
 });
 
-/** An example manifest, bound to this world's node, without its probe port: the simulator's
- * guest IPs (172.20/16) are not on this machine and nothing may be sent to them. */
+/** An example manifest, bound to this world's node, without its probe port (the daemon then
+ * pings the guest, whose address answers from the simulator's guest network). */
 function example(file: string, patch: (annotations: Record<string, string>) => void = () => {}): V1Pod {
   const pod = loadYaml(readFileSync(join(examples, file), 'utf8')) as V1Pod;
   const annotations = pod.metadata!.annotations!;

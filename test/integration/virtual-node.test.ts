@@ -14,7 +14,7 @@ import { adminClients, podReady, vmPod, waitForPod, waitForPodGone } from '../..
 import { run, waitFor } from '../../ground/proc.ts';
 import { useWorld, type World } from '../../ground/world.ts';
 import { CLIENT_CERT_REJECTED } from '../../src/kubelet/auth.ts';
-import { fixture } from './helpers.ts';
+import { fixture, inGuestPool } from './helpers.ts';
 
 const SNAPSHOT = 'acme/agent';
 // An empty value is "unset" for the daemon (src/config/env.ts): the client CA defaults to the
@@ -150,7 +150,10 @@ describe('pods', () => {
       'Running and Ready',
       (p) => p.status?.phase === 'Running' && podReady(p),
     );
-    assert.match(pod.status?.podIP ?? '', /^172\.20\.100\.\d+$/);
+    assert.ok(
+      inGuestPool(w, pod.status?.podIP ?? ''),
+      `${pod.status?.podIP} is a lease of the guest network's pool`,
+    );
     const vms = await simVms();
     const vm = vms.find((v) => v.config.name === 'vk-it-agent-0');
     assert.ok(vm, 'the simulator holds the VM');
