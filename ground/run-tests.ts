@@ -4,7 +4,7 @@
 //
 // Scheduling. The unit tests are one job (`node --test`, two files at a time), the simulator
 // tests another; every other file (the integration tests) is a job of its own. Up to
-// VK_TEST_CONCURRENCY jobs (default 4: most integration time is spent waiting on leases,
+// VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
 // deadlines and tickers, not on the 2 cores) run at once, longest first (the estimates below,
 // measured warm on 2 cores), so the long files start at once and the short ones fill the gaps.
 // Integration files share the ground and keep apart by namespace and node name
@@ -35,19 +35,19 @@ import { type Ground, startGround, stopGround } from './ground.ts';
 import { installTeardown, openPidRegistry } from './proc.ts';
 
 /** Wall time of a job in seconds, measured in a full warm run on 2 cores with 3 jobs at once
- * (2026-12-05; fleet-death and probes as expected after their fixes; unknown files: 30). Only
- * the order matters: longest first. The realistic timing world (ground/world.ts) runs in
+ * (2026-12-05; fleet-death, probes, lifecycle and the soak after their changes; unknown files:
+ * 30). Only the order matters: longest first. The realistic timing world (ground/world.ts) runs in
  * hibernate.test.ts and lease-release.test.ts, their tests at once. */
 const PROFILE: Record<string, { estimate: number }> = {
-  'test/integration/soak.test.ts': { estimate: 253 },
-  'test/integration/lifecycle.test.ts': { estimate: 209 },
   unit: { estimate: 144 },
   'test/integration/virtual-node.test.ts': { estimate: 140 },
   'test/integration/explain.test.ts': { estimate: 129 },
   'test/integration/sac.test.ts': { estimate: 127 },
+  'test/integration/soak.test.ts': { estimate: 125 },
   'test/integration/hibernate-faults.test.ts': { estimate: 106 },
   'test/integration/hardening.test.ts': { estimate: 105 },
   'test/integration/lifecycle-restart.test.ts': { estimate: 87 },
+  'test/integration/lifecycle.test.ts': { estimate: 85 },
   'test/integration/fleet-death.test.ts': { estimate: 80 },
   'test/integration/fleet-peer.test.ts': { estimate: 78 },
   'test/integration/teardown.test.ts': { estimate: 78 },
@@ -194,7 +194,7 @@ function count(out: string, key: string): number | undefined {
 
 const files = expand(process.argv.slice(2).length > 0 ? process.argv.slice(2) : DEFAULT_PATTERNS);
 const jobs = plan(files);
-const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 4) || 4);
+const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 3) || 3);
 /** A job that runs past this is interrupted (SIGINT: node --test prints what it was running and
  * its output so far), killed 15 s later if still there, and counted failed. */
 const jobLimitMs = (job: Job) =>

@@ -110,17 +110,26 @@ export function dhcpSync(root: string, leasesPath: string, vmId: string, knobs: 
     if (!liveRecord(root, g)) return { granted: [], blocked: 'vm not running' };
     const why = blocker(g, knobs, Date.now());
     if (why) return { granted: [], blocked: why };
-    const granted = grantAll(leasesPath, opts, g);
+    // The guest answers ICMP from the moment it holds its address (guestnet.ts): the address
+    // is up before the lease file shows the lease, so a probe sent on seeing it gets its echo.
+    const granted = grantAll(leasesPath, opts, g, (ips) => {
+      if (answers(knobs, g.name)) guestNetChange(root, { add: ips });
+    });
     if (granted.length === g.nics.filter((n) => n.dhcp).length) g.dhcpDone = true;
     writeGuest(root, g);
-    // The guest answers ICMP from the moment it holds its address (guestnet.ts).
-    if (answers(knobs, g.name)) guestNetChange(root, { add: granted.map((x) => x.ip) });
     return { granted };
   });
   return result;
 }
 
-function grantAll(leasesPath: string, opts: LeaseOptions, g: GuestState): { mac: string; ip: string }[] {
+/** Grants the guest's DHCP NICs their leases; `beforeWrite` runs with the granted addresses
+ * before the lease file is written. */
+function grantAll(
+  leasesPath: string,
+  opts: LeaseOptions,
+  g: GuestState,
+  beforeWrite: (ips: string[]) => void,
+): { mac: string; ip: string }[] {
   return updateLeases(leasesPath, opts, (leases, now) => {
     const out: { mac: string; ip: string }[] = [];
     for (const nic of g.nics) {
@@ -131,6 +140,7 @@ function grantAll(leasesPath: string, opts: LeaseOptions, g: GuestState): { mac:
         out.push({ mac: nic.guestMac, ip });
       }
     }
+    if (out.length > 0) beforeWrite(out.map((x) => x.ip));
     return out;
   });
 }

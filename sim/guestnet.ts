@@ -273,32 +273,37 @@ function present(net: GuestNet): Set<string> {
 export function guestNetSync(root: string, leasesPath: string, knobs: Knobs): void {
   const net = readGuestNet(root);
   if (net?.kind !== 'netns') return;
-  withLock(lockFile(root), () => {
-    const now = Date.now();
-    const leased = new Map<string, string>();
-    for (const l of readLeases(leasesPath))
-      if (expiryMs(l.expiry) > now) leased.set(l.mac.toLowerCase(), l.ip);
-    const want = new Set<string>();
-    let names: string[] = [];
-    try {
-      names = fs.readdirSync(path.join(root, 'sim', 'guests')).filter((n) => n.endsWith('.json'));
-    } catch {
-      // no guests yet
-    }
-    for (const n of names) {
-      const g = readGuest(root, n.slice(0, -5));
-      if (!g || !answers(knobs, g.name) || !liveRecord(root, g)) continue;
-      for (const nic of g.nics) {
-        const fixed = configuredAddress(g.windows, nic);
-        if (fixed) want.add(fixed);
-        else if (nic.leaseIp && leased.get(nic.guestMac.toLowerCase()) === nic.leaseIp) want.add(nic.leaseIp);
+  // The lease file's lock first, as a grant takes it (guest.ts adds the address before it
+  // writes the lease): the set is never derived between the two.
+  withLock(`${leasesPath}.lock`, () =>
+    withLock(lockFile(root), () => {
+      const now = Date.now();
+      const leased = new Map<string, string>();
+      for (const l of readLeases(leasesPath))
+        if (expiryMs(l.expiry) > now) leased.set(l.mac.toLowerCase(), l.ip);
+      const want = new Set<string>();
+      let names: string[] = [];
+      try {
+        names = fs.readdirSync(path.join(root, 'sim', 'guests')).filter((n) => n.endsWith('.json'));
+      } catch {
+        // no guests yet
       }
-    }
-    const have = present(net);
-    apply(
-      net,
-      [...want].filter((a) => !have.has(a)),
-      [...have].filter((a) => !want.has(a)),
-    );
-  });
+      for (const n of names) {
+        const g = readGuest(root, n.slice(0, -5));
+        if (!g || !answers(knobs, g.name) || !liveRecord(root, g)) continue;
+        for (const nic of g.nics) {
+          const fixed = configuredAddress(g.windows, nic);
+          if (fixed) want.add(fixed);
+          else if (nic.leaseIp && leased.get(nic.guestMac.toLowerCase()) === nic.leaseIp)
+            want.add(nic.leaseIp);
+        }
+      }
+      const have = present(net);
+      apply(
+        net,
+        [...want].filter((a) => !have.has(a)),
+        [...have].filter((a) => !want.has(a)),
+      );
+    }),
+  );
 }

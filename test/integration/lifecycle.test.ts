@@ -1,6 +1,7 @@
 // The lifecycle contract end to end (seeds 000 and 001) against the real apiserver and the
 // cocoon simulator. All scenario pods start together in one world and are asserted one by
-// one, so the slowest scenario (fixup exhaustion, 180 s) bounds the file's run time.
+// one, so the slowest scenario (fixup exhaustion) bounds the file's run time: its budget is
+// shortened through VK_FIXUP_BUDGET_SECONDS (60 s; the default is 180 s) instead of waited through.
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { type V1Pod, Watch } from '@kubernetes/client-node';
@@ -21,6 +22,8 @@ import {
   staticSeed,
 } from './helpers.ts';
 
+/** The fixup budget of this file's daemon (VK_FIXUP_BUDGET_SECONDS). */
+const FIXUP_BUDGET_S = 60;
 const world = useWorld({ deferDaemon: true });
 let w: World;
 const events: { name: string; lifecycle: string; podIP: string; at: number }[] = [];
@@ -75,7 +78,7 @@ before(async () => {
     },
     exec: [{ match: '^vk-exhaust-', argvRegex: 'systemd-networkd', error: 'boom' }],
   });
-  await w.restart();
+  await w.restart({ VK_FIXUP_BUDGET_SECONDS: String(FIXUP_BUDGET_S) });
   // The watch is resumed from the last version it saw whenever it ends (the apiserver or the
   // client may close a long watch), so no version of a pod is missed.
   const watch = new Watch(w.kc);
@@ -289,7 +292,7 @@ test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a gr
     'exhaust',
     'lifecycle failed',
     (x) => lifecycle(x) === 'failed',
-    260_000,
+    FIXUP_BUDGET_S * 1000 + 80_000,
   );
   const ann = p.metadata?.annotations ?? {};
   assert.equal(postClone(p), 'failed');
@@ -305,7 +308,9 @@ test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a gr
   ]);
   assert.equal(Buffer.from(hint, 'base64').toString(), script);
   const delivered = guestCalls(w, 'vk-exhaust-oci').length;
-  assert.ok(delivered >= 40, `${delivered} attempts in 180 s`);
+  // An attempt every 3 s (plus the exec) for the whole budget: at least 10 in 60 s, however
+  // loaded the machine.
+  assert.ok(delivered >= 10, `${delivered} attempts in ${FIXUP_BUDGET_S} s`);
   const lines = (ann['vm.cocoonstack.io/post-clone-errors'] ?? '').split('\n');
   // Every attempt that reached the guest is listed; one more may be the attempt the budget
   // deadline cut off before it reached the guest.
@@ -336,7 +341,7 @@ test('seed 001 exhaustion: hint, every attempt, Warning, failed, not Ready; a gr
 test('a daemon restart leaves failed post-clone work parked: no new exec, still failed', async () => {
   const before = guestCalls(w, 'vk-exhaust-oci').length;
   await w.daemon.kill();
-  await w.restart();
+  await w.restart({ VK_FIXUP_BUDGET_SECONDS: String(FIXUP_BUDGET_S) });
   await new Promise((r) => setTimeout(r, 8000));
   assert.equal(guestCalls(w, 'vk-exhaust-oci').length, before, 'no exec after the restart');
   const p = await get('exhaust');

@@ -8,6 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { newSimRoot, type SimRoot, type VmRecord } from '../../sim/client.ts';
 import { readGuest } from '../../sim/guest.ts';
+import { nthPrompt } from './console.ts';
 
 const OCI = 'ghcr.io/acme/agent:3';
 const WIN = 'https://images.example.com/windows/win11-25h2.qcow2';
@@ -53,13 +54,20 @@ class Sac {
     await sac.command('');
     return sac;
   }
+  /** Prompts the stream holds once the last command is answered (the banner's, then one per
+   * command): counted, so the banner's prompt is never taken for a reply's. */
+  private wanted = 1;
+  private from = 0;
   async command(line: string): Promise<string> {
-    this.buf = '';
-    const start = 0;
+    this.wanted += 1;
+    const want = this.wanted;
     this.sock.write(`${line}\r\n`);
     return until(`SAC> after "${line}"`, () => {
-      const idx = this.buf.indexOf('SAC>', start);
-      return idx >= 0 ? this.buf.slice(start, idx) : undefined;
+      const at = nthPrompt(this.buf, want);
+      if (at < 0) return undefined;
+      const out = this.buf.slice(this.from, at);
+      this.from = at + 'SAC>'.length;
+      return out;
     });
   }
   close(): void {

@@ -12,6 +12,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { newSimRoot, type SimRoot, type VmRecord } from '../../sim/client.ts';
 import { readGuest } from '../../sim/guest.ts';
 import { validateKnobs } from '../../sim/knob-schema.ts';
+import { nthPrompt } from './console.ts';
 
 const WIN = 'https://images.example.com/windows/win11-25h2.qcow2';
 
@@ -55,14 +56,24 @@ class Console {
   send(line: string): void {
     this.sock.write(`${line}\r\n`);
   }
+  /** Prompts the stream must hold once the last command is answered: the banner's, then one
+   * per command. Counting them (not clearing the buffer) keeps a reply from being taken for the
+   * next one's when the banner and the first reply arrive apart. */
+  private wanted = 1;
+  /** Where the text after the last answered prompt starts. */
+  private from = 0;
   async command(line: string, ms = 5000): Promise<string> {
-    this.buf = '';
+    this.wanted += 1;
+    const want = this.wanted;
     this.send(line);
     return until(
       `SAC> after "${line}"`,
       () => {
-        const at = this.buf.indexOf('SAC>');
-        return at >= 0 ? this.buf.slice(0, at) : undefined;
+        const at = nthPrompt(this.buf, want);
+        if (at < 0) return undefined;
+        const out = this.buf.slice(this.from, at);
+        this.from = at + 'SAC>'.length;
+        return out;
       },
       ms,
     );
