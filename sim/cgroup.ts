@@ -21,7 +21,7 @@ export const DEFAULT_CGROUP_PARENT = 'cocoon.slice';
 const USER_HZ = 100;
 const USEC_PER_TICK = 1e6 / USER_HZ;
 /** Refresh period of a node stand-in's own scope. */
-export const SCOPE_REFRESH_MS = 500;
+export const SCOPE_REFRESH_MS = 1000;
 
 /**
  * The cgroup parent of the per-VM scopes: `COCOON_CGROUP_PARENT` of the calling environment

@@ -254,7 +254,11 @@ export function guestNetChange(
 ): void {
   const net = readGuestNet(root);
   if (net?.kind !== 'netns') return;
-  withLock(lockFile(root), () => apply(net, change.add ?? [], change.del ?? []));
+  withLock(lockFile(root), () => {
+    apply(net, change.add ?? [], change.del ?? []);
+    // A new stamp: the next sync reads the namespace again.
+    fs.writeFileSync(stampFile(root), String(Date.now()));
+  });
 }
 
 /** The guest addresses the namespace holds: the pool's and the static ones (the anchor below
@@ -298,12 +302,34 @@ export function guestNetSync(root: string, leasesPath: string, knobs: Knobs): vo
             want.add(nic.leaseIp);
         }
       }
+      // The namespace changes only through this module (apply and guestNetChange, which bumps
+      // the change stamp): the same set as last time with no change since needs no `ip`.
+      const key = [...want].sort().join(',');
+      const stamp = changeStamp(root);
+      const last = lastSync.get(root);
+      if (last && last.key === key && last.stamp === stamp && now - last.at < FULL_SYNC_MS) return;
       const have = present(net);
       apply(
         net,
         [...want].filter((a) => !have.has(a)),
         [...have].filter((a) => !want.has(a)),
       );
+      lastSync.set(root, { key, stamp: changeStamp(root), at: now });
     }),
   );
+}
+
+/** The last sync of each root this process made: its set, the change stamp it saw, when. */
+const lastSync = new Map<string, { key: string; stamp: number; at: number }>();
+/** A sync reads the namespace (`ip addr`) at least this often, changed or not. */
+const FULL_SYNC_MS = 30_000;
+const stampFile = (root: string) => path.join(root, 'sim', 'guestnet.stamp');
+
+/** The change stamp: bumped by every change of the namespace's addresses. */
+function changeStamp(root: string): number {
+  try {
+    return fs.statSync(stampFile(root)).mtimeMs;
+  } catch {
+    return 0;
+  }
 }
