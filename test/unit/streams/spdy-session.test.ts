@@ -158,6 +158,9 @@ describe('SpdySession', () => {
     assert.equal(written, false);
     raw.send({ type: 'WINDOW_UPDATE', flags: 0, streamId: 1, deltaWindowSize: 5000 });
     await waitFor(() => written, 2000, 'write completes');
+    // The write's callback fires when the bytes are handed to the socket: they reach the peer
+    // after it (seconds later on a loaded machine, found by scripts/loaded-runs.sh).
+    await waitFor(() => raw.dataOn(1).length >= 3000, 10_000, 'all 3000 bytes at the peer');
     assert.equal(raw.dataOn(1).length, 3000);
     raw.close();
   });
