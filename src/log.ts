@@ -96,12 +96,13 @@ function stringify(value: unknown): string {
 }
 
 /** `,"key":value` for every key of `obj` pino would write (in order, inherited included; a
- * `msg` key too, before the message). */
-function propsJson(obj: object): string {
+ * `msg` key too, before the message), except a key the logger's bindings already hold with the
+ * same value (a record that repeats a binding, such as `vmId`, writes it once). */
+function propsJson(obj: object, bound: ReadonlyMap<string, string>): string {
   let out = '';
   for (const key in obj) {
     const json = valueJson(key, (obj as Record<string, unknown>)[key]);
-    if (json !== undefined) out += `,${JSON.stringify(key)}:${json}`;
+    if (json !== undefined && bound.get(key) !== json) out += `,${JSON.stringify(key)}:${json}`;
   }
   return out;
 }
@@ -110,15 +111,21 @@ class JsonLogger implements Logger {
   readonly level: string;
   readonly #threshold: number;
   readonly #out: NodeJS.WritableStream;
-  /** The bindings of this logger and its parents, as `,"key":value...`. */
+  /** The bindings of this logger and its parents, key → JSON value (a child's value of a key
+   * its parent bound replaces it in place: each key is written once). */
+  readonly #bound: ReadonlyMap<string, string>;
+  /** The same, as `,"key":value...`. */
   readonly #bindings: string;
 
-  constructor(level: string, out: NodeJS.WritableStream, bindings: string) {
+  constructor(level: string, out: NodeJS.WritableStream, bound: ReadonlyMap<string, string>) {
     const threshold = LEVELS[level];
     if (threshold === undefined) throw new Error(`unknown level ${level}`);
     this.level = level;
     this.#threshold = threshold;
     this.#out = out;
+    this.#bound = bound;
+    let bindings = '';
+    for (const [key, json] of bound) bindings += `,${JSON.stringify(key)}:${json}`;
     this.#bindings = bindings;
     // No-op methods below the level: a disabled call costs a function call, nothing more.
     for (const name of ['trace', 'debug', 'info', 'warn', 'error', 'fatal'] as const) {
@@ -140,13 +147,13 @@ class JsonLogger implements Logger {
   }
 
   child(bindings: Record<string, unknown>): Logger {
-    let more = '';
+    const bound = new Map(this.#bound);
     for (const key in bindings) {
       const value = bindings[key];
       if (value === undefined) continue;
-      more += `,"${key}":${stringify(value)}`;
+      bound.set(key, stringify(value));
     }
-    return new JsonLogger(this.level, this.#out, this.#bindings + more);
+    return new JsonLogger(this.level, this.#out, bound);
   }
 
   #write(level: LogLevel, a: unknown, b: unknown): void {
@@ -164,7 +171,7 @@ class JsonLogger implements Logger {
       msg = a === undefined || a === null ? b : a;
     }
     let line = `{"level":"${level}","time":"${new Date().toISOString()}"${this.#bindings}`;
-    if (obj) line += propsJson(obj);
+    if (obj) line += propsJson(obj, this.#bound);
     if (msg !== undefined) line += `,"msg":${typeof msg === 'string' ? JSON.stringify(msg) : stringify(msg)}`;
     this.#out.write(`${line}}\n`);
   }
@@ -173,8 +180,8 @@ class JsonLogger implements Logger {
 function noop(): void {}
 
 export function createLogger(level: string, destination: NodeJS.WritableStream = process.stderr): Logger {
-  return new JsonLogger(level, destination, ',"component":"vk-cocoon"');
+  return new JsonLogger(level, destination, new Map([['component', '"vk-cocoon"']]));
 }
 
 /** A logger that discards everything (unit tests of modules that take a logger). */
-export const silentLogger: Logger = new JsonLogger('silent', process.stdout, '');
+export const silentLogger: Logger = new JsonLogger('silent', process.stdout, new Map());

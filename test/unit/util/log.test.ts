@@ -1,5 +1,6 @@
 // src/log.ts prints what pino printed (the daemon's logger before docs/decisions.md "Daemon
-// memory"): the same records, byte for byte but the time, through both.
+// memory"): the same records, byte for byte but the time, through both, except that a key is
+// written once (the test below; pino repeats a key a child or a record binds again).
 import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import { test } from 'node:test';
@@ -53,7 +54,9 @@ function script(log: Logger): void {
   log.trace('below the level');
   const child = log.child({ pod: 'ns/p', vm: undefined, n: 1 });
   child.info({ vmId: 'X' }, 'from a child');
-  child.child({ module: 'leases', pod: 'dup' }).warn({ pod: 'again' }, 'grandchild, duplicate keys');
+  child
+    .child({ module: 'leases' })
+    .warn({ pod: 'again' }, 'grandchild, a record key that differs from a binding');
   child.fatal('fatal');
 }
 
@@ -70,6 +73,23 @@ test('the same lines as pino, call for call', () => {
       l,
       /^\{"level":"\w+","time":"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z","component":"vk-cocoon"/,
     );
+});
+
+test('a key is written once: a child rebinding a key replaces it in place; a record repeating a binding drops the copy', () => {
+  // pino writes both copies (`"pod":"ns/p",...,"pod":"dup"`); the daemon's VM-scoped loggers
+  // bind vmId and its records repeat it, so the lines carried `"vmId"` twice.
+  const out = sink();
+  const log = createLogger('info', out.stream).child({ pod: 'ns/p', vmId: 'A' });
+  log.child({ module: 'leases', pod: 'dup' }).warn({ x: 1 }, 'rebound');
+  log.info({ vmId: 'A', ms: 3 }, 'repeated');
+  log.info({ vmId: 'B' }, 'differs');
+  const records = out.lines.map((l) => l.replace(/"time":"[^"]*"/, '"time":"T"'));
+  assert.deepEqual(records, [
+    '{"level":"warn","time":"T","component":"vk-cocoon","pod":"dup","vmId":"A","module":"leases","x":1,"msg":"rebound"}',
+    '{"level":"info","time":"T","component":"vk-cocoon","pod":"ns/p","vmId":"A","ms":3,"msg":"repeated"}',
+    '{"level":"info","time":"T","component":"vk-cocoon","pod":"ns/p","vmId":"A","vmId":"B","msg":"differs"}',
+  ]);
+  assert.equal(JSON.parse(records[2] as string).vmId, 'B', 'a differing record value wins, as in pino');
 });
 
 test('levels: below the configured level nothing is written; silent writes nothing', () => {
