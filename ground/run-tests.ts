@@ -7,9 +7,6 @@
 // VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
 // deadlines and tickers, not on the 2 cores) run at once, longest first (the estimates below,
 // measured warm on 2 cores), so the long files start at once and the short ones fill the gaps.
-// Files that mostly wait through a product budget (PROFILE `waits`) may also take one extra lane
-// beside those (none when VK_TEST_CONCURRENCY=1): they cost little CPU, and queued behind the
-// CPU-bound files they made the suite longer than the CPUs did.
 // Integration files share the ground and keep apart by namespace and node name
 // (ground/world.ts); a file that stops or restarts the apiserver starts a ground of its own
 // (useWorld({ privateGround: true })). Each job's output is printed in one block when it ends
@@ -41,14 +38,14 @@ import { installTeardown, openPidRegistry } from './proc.ts';
  * (2026-12-05; fleet-death, probes, lifecycle and the soak after their changes; unknown files:
  * 30). Only the order matters: longest first. The realistic timing world (ground/world.ts) runs in
  * hibernate.test.ts and lease-release.test.ts, their tests at once. */
-const PROFILE: Record<string, { estimate: number; waits?: true }> = {
+const PROFILE: Record<string, { estimate: number }> = {
   unit: { estimate: 144 },
-  'test/integration/virtual-node.test.ts': { estimate: 140 },
-  'test/integration/explain.test.ts': { estimate: 129, waits: true },
-  'test/integration/sac.test.ts': { estimate: 127, waits: true },
+  'test/integration/virtual-node.test.ts': { estimate: 95 },
+  'test/integration/explain.test.ts': { estimate: 129 },
+  'test/integration/sac.test.ts': { estimate: 127 },
   'test/integration/soak.test.ts': { estimate: 125 },
   'test/integration/hibernate-faults.test.ts': { estimate: 106 },
-  'test/integration/hardening.test.ts': { estimate: 105, waits: true },
+  'test/integration/hardening.test.ts': { estimate: 105 },
   'test/integration/lifecycle-restart.test.ts': { estimate: 87 },
   'test/integration/lifecycle.test.ts': { estimate: 85 },
   'test/integration/fleet-death.test.ts': { estimate: 80 },
@@ -104,8 +101,6 @@ interface Job {
   fileConcurrency: number;
   estimate: number;
   needsGround: boolean;
-  /** Mostly waiting through a product budget (PROFILE `waits`): may take the extra lane. */
-  waits: boolean;
 }
 
 interface JobResult {
@@ -146,7 +141,6 @@ function plan(files: string[]): Job[] {
         fileConcurrency: 1,
         estimate: p?.estimate ?? 30,
         needsGround: true,
-        waits: p?.waits === true,
       });
     }
   }
@@ -154,7 +148,7 @@ function plan(files: string[]): Job[] {
     const name =
       fs.length === 1 ? relative(repoRoot, fs[0] as string) : `test/${group}/ (${fs.length} files)`;
     const estimate = PROFILE[group]?.estimate ?? 30;
-    jobs.push({ name, files: fs, fileConcurrency: 2, estimate, needsGround: false, waits: false });
+    jobs.push({ name, files: fs, fileConcurrency: 2, estimate, needsGround: false });
   }
   // Longest first; the order of equal estimates is the file order.
   return jobs.sort((a, b) => b.estimate - a.estimate);
@@ -259,7 +253,7 @@ if (jobs.some((j) => j.needsGround)) {
   );
 }
 say(
-  `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time (and one that waits) on ${availableParallelism()} cores: ` +
+  `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time on ${availableParallelism()} cores: ` +
     jobs.map((j) => j.name.replace(/^test\/integration\//, '')).join(', '),
 );
 
@@ -334,26 +328,15 @@ function runJob(job: Job): Promise<JobResult> {
 const results: JobResult[] = [];
 await new Promise<void>((resolve) => {
   const queue = [...jobs];
-  let lanes = 0;
-  let extraBusy = false;
-  const start = (job: Job, extra: boolean) => {
-    queue.splice(queue.indexOf(job), 1);
-    if (extra) extraBusy = true;
-    else lanes++;
-    void runJob(job).then((r) => {
-      results.push(r);
-      if (extra) extraBusy = false;
-      else lanes--;
-      pump();
-    });
-  };
   const pump = () => {
     if (stopping) return;
-    while (lanes < concurrency && queue.length > 0) start(queue[0] as Job, false);
-    // The extra lane: one job that mostly waits through a product budget (a SAC console's 60
-    // tries, a 60 s observation, a node's monitor grace) beside the CPU-bound lanes.
-    const waiter = queue.find((j) => j.waits);
-    if (concurrency > 1 && !extraBusy && waiter) start(waiter, true);
+    while (running.size < concurrency && queue.length > 0) {
+      const job = queue.shift() as Job;
+      void runJob(job).then((r) => {
+        results.push(r);
+        pump();
+      });
+    }
     if (queue.length === 0 && running.size === 0) resolve();
   };
   pump();

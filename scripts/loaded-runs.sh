@@ -2,7 +2,8 @@
 # Runs the unit tests and the simulator tests N times in a row (default 10) while two busy
 # loops load the machine, the check that no test depends on an idle machine
 # (docs/test-ground.md, "Under load"). One line per run; exit 1 if any run failed. The busy
-# loops are stopped however the script ends.
+# loops are stopped however the script ends. A run past 20 minutes is stopped and counts as
+# failed (exit 124).
 # Usage: bash scripts/loaded-runs.sh [N]
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,7 +24,8 @@ for i in $(seq 1 "$n"); do
   for suite in unit sim; do
     if [ "$suite" = unit ]; then args=(--test --test-reporter=tap 'test/unit/**/*.test.ts'); else args=(--test --test-reporter=tap test/sim/); fi
     t0=$(date +%s)
-    "$node" "${args[@]}" >"$logs/$suite-$i.log" 2>&1
+    # A hang is a failed run (exit 124), not a script that never ends.
+    timeout --kill-after=30 1200 "$node" "${args[@]}" >"$logs/$suite-$i.log" 2>&1
     rc=$?
     secs=$(( $(date +%s) - t0 ))
     pass=$(grep -E '^# pass ' "$logs/$suite-$i.log" | tail -1 | cut -d' ' -f3)

@@ -8,7 +8,7 @@
 // explicit release (until a renew). The lease is keyed by the MAC the guest presents, which for
 // a Firecracker clone under dhcp.keyByGuestMac is the snapshot's MAC until a fixMac effect.
 import fs from 'node:fs';
-import { readVmDb } from './db.ts';
+import { readVmDb, type VmDb } from './db.ts';
 import { answers, guestNetChange } from './guestnet.ts';
 import { dhcpPolicy, type Knobs } from './knobs.ts';
 import { grantIn, type LeaseOptions, leaseOptions, releaseIn, updateLeases } from './leases.ts';
@@ -91,9 +91,16 @@ export function blocker(g: GuestState, knobs: Knobs, now: number): string | unde
   return undefined;
 }
 
-/** The running VM's record, or undefined when it is gone or its stand-in is dead. */
-export function liveRecord(root: string, g: GuestState) {
-  const vm = readVmDb(root, g.dir).vms[g.vmId];
+/** The running VM's record, or undefined when it is gone or its stand-in is dead. `dbs`
+ * caches each backend's VM DB across the calls of one pass over many guests (one read each
+ * instead of one per guest). */
+export function liveRecord(root: string, g: GuestState, dbs?: Map<string, VmDb>) {
+  let db = dbs?.get(g.dir);
+  if (!db) {
+    db = readVmDb(root, g.dir);
+    dbs?.set(g.dir, db);
+  }
+  const vm = db.vms[g.vmId];
   if (vm?.state !== 'running' || !trackedAlive(root, vm.pid)) return undefined;
   return vm;
 }

@@ -24,6 +24,7 @@
 import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
+import type { VmDb } from './db.ts';
 import { CliError } from './errors.ts';
 import { type GuestNic, liveRecord, readGuest } from './guest.ts';
 import { type Knobs, re } from './knobs.ts';
@@ -292,9 +293,10 @@ export function guestNetSync(root: string, leasesPath: string, knobs: Knobs): vo
       } catch {
         // no guests yet
       }
+      const dbs = new Map<string, VmDb>();
       for (const n of names) {
         const g = readGuest(root, n.slice(0, -5));
-        if (!g || !answers(knobs, g.name) || !liveRecord(root, g)) continue;
+        if (!g || !answers(knobs, g.name) || !liveRecord(root, g, dbs)) continue;
         for (const nic of g.nics) {
           const fixed = configuredAddress(g.windows, nic);
           if (fixed) want.add(fixed);

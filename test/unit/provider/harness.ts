@@ -88,6 +88,9 @@ export function harness(
     metrics?: LifecycleMetrics;
     /** The node's allocatable for admission (unset: only VK_NODE_PODS is checked). */
     allocatable?: Allocatable;
+    /** The ICMP echo of probes without a probe port (unset: a host without ICMP, where a
+     * resolved IP counts as reachable). */
+    icmp?: (ip: string, withinMs?: number) => Promise<boolean>;
     /** The provenance ledger (default: a fresh in-memory one, a first start). Pass the ledger of
      * a previous harness to model a restart that keeps its ledger file. */
     ledger?: Ledger;
@@ -126,6 +129,7 @@ export function harness(
   };
   const ledger = opts.ledger ?? Ledger.memory('node', silentLogger);
   const provider = new CocoonProvider({
+    icmp: opts.icmp,
     ledger,
     status: realSink ?? {
       notify: (pod) => void statuses.push(pod),

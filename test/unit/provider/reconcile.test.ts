@@ -94,6 +94,69 @@ describe('DHCP clone', () => {
     assert.deepEqual(states(h, 'dhcp-0'), ['creating', 'ready']);
   });
 
+  test('without a probe port the ready write carries the ICMP echo: answered ⇒ PodReady True, silent ⇒ lifecycle ready, PodReady False', async () => {
+    const answers = new Map([
+      ['10.0.0.50', true],
+      ['10.0.0.51', false],
+    ]);
+    const asked: string[] = [];
+    h = harness({
+      icmp: async (ip) => {
+        asked.push(ip);
+        return answers.get(ip) ?? false;
+      },
+    });
+    h.cocoon.snapshot('acme/agent');
+    h.provider.startLoops();
+    for (const [i, name] of ['echo-0', 'echo-1'].entries()) {
+      const vm = await cloned(h, clonePod(name));
+      h.lease(vm.nics[0]!.mac, `10.0.0.5${i}`);
+      await until(`${name} ready`, () => states(h!, name).includes('ready'));
+    }
+    const podReady = (name: string) =>
+      h!
+        .writes(name)
+        .at(-1)
+        ?.status?.conditions?.find((c) => c.type === 'Ready')?.status;
+    assert.equal(podReady('echo-0'), 'True');
+    assert.equal(podReady('echo-1'), 'False', 'a guest that does not answer is not Ready yet');
+    // The probe agent pings too (the ready pod's periodic probe): each address at least once.
+    assert.deepEqual([...new Set(asked)].sort(), ['10.0.0.50', '10.0.0.51']);
+  });
+
+  test('an update that arrives during the ICMP echo waits for it (the pod queue): ready, then the hibernate', async () => {
+    let answer: ((ok: boolean) => void) | undefined;
+    h = harness({
+      icmp: () =>
+        new Promise<boolean>((resolve) => {
+          answer = resolve;
+        }),
+    });
+    h.cocoon.snapshot('acme/agent');
+    h.provider.startLoops();
+    const pod = clonePod('echo-h');
+    const vm = await cloned(h, pod);
+    h.lease(vm.nics[0]!.mac, '10.0.0.60');
+    await until('the echo asked', () => answer !== undefined);
+    let applied = false;
+    const update = h.provider
+      .updatePod(apiCopy(h, pod, '900000', { 'vm.cocoonstack.io/hibernate': 'true' }))
+      .then(() => {
+        applied = true;
+      });
+    for (let i = 0; i < 50; i++) await new Promise((r) => setImmediate(r));
+    assert.equal(applied, false, 'the update waits while the echo holds the pod');
+    assert.ok(!states(h, 'echo-h').includes('ready'), 'nothing staged before the echo answered');
+    answer?.(true);
+    await update;
+    await until('hibernate decided', () => states(h!, 'echo-h').some((s) => s?.startsWith('hibernat')));
+    const seq = states(h, 'echo-h');
+    assert.ok(
+      seq.indexOf('ready') >= 0 && seq.indexOf('ready') < seq.findIndex((s) => s?.startsWith('hibernat')),
+      JSON.stringify(seq),
+    );
+  });
+
   test('the IP wait times out after 45 s: failed with PostCloneIPWaitTimeout', async () => {
     h = harness();
     h.cocoon.snapshot('acme/agent');

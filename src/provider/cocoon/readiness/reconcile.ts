@@ -133,24 +133,28 @@ export async function reconcile(ctx: ProviderContext, key: string): Promise<void
  * (podIP, PodReady) and the annotations; a refused stage (sticky failed) still refreshes the
  * status as not ready. */
 async function publishReady(ctx: ProviderContext, rec: PodRecord, vmId: string): Promise<void> {
-  if (!isCurrent(ctx, rec) || rec.vm?.id !== vmId || rec.spec?.hibernate) return;
+  const unchanged = () => isCurrent(ctx, rec) && rec.vm?.id === vmId && !rec.spec?.hibernate;
+  if (!unchanged()) return;
+  // Without a probe port the probe runs here once, before anything is staged (one ICMP echo, or
+  // "an IP resolved" on a host without ICMP: docs/decisions.md, "ICMP probes"), so its result
+  // goes into the ready write instead of a status write of its own a probe interval later. The
+  // echo runs inside the pod's queue, so an update or a delete waits for it (at most the echo's
+  // timeout); nothing is staged before it answers, and the facts are checked again after it.
+  const ip = rec.ip;
+  let answered = false;
+  if (rec.spec?.probePort === undefined && ip !== '' && !rec.probeReady) {
+    answered = ctx.icmp ? await ctx.icmp(ip) : true;
+    if (!unchanged()) return;
+  }
   if (!stageLifecycle(ctx, rec, 'ready')) {
     publish(ctx, rec);
     return;
   }
   applyAnnotations(rec, { [VM_IP]: rec.ip || null });
   setStep(rec, 'Ready');
-  if (rec.spec?.probePort === undefined && rec.ip !== '' && !rec.probeReady) {
-    // Without a probe port the probe runs here once, synchronously (one ICMP echo, or "an IP
-    // resolved" on a host without ICMP: docs/decisions.md, "ICMP probes"), so its result goes
-    // into the same write instead of a status write of its own a probe interval later.
-    const ip = rec.ip;
-    const answered = ctx.icmp ? await ctx.icmp(ip) : true;
-    if (!isCurrent(ctx, rec) || rec.vm?.id !== vmId) return;
-    if (answered && rec.ip === ip && !rec.probeReady) {
-      setProbeReady(rec, true);
-      ctx.probes.get(rec.key)?.assumeReady();
-    }
+  if (answered && rec.ip === ip && !rec.probeReady) {
+    setProbeReady(rec, true);
+    ctx.probes.get(rec.key)?.assumeReady();
   }
   if (rec.clonedBoot && rec.progress?.ipWaitStartedAt !== undefined) {
     ctx.metrics.ipWait(rec.pod.metadata?.namespace ?? '', 'ok');
