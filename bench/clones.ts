@@ -103,8 +103,9 @@ function figures(bench: Bench, dir: string, r: BringUpResult, tracker: PodTracke
 
 /**
  * The Go daemon's peak RSS (MB) in the same bench (clone pods at once, same simulator and
- * apiserver, each daemon at its defaults), as published in the issue that set the memory goal
- * (docs/benchmarks.md "Memory against the Go daemon"); the sizes it was measured at.
+ * apiserver, each daemon at its defaults), as published by the Go daemon's maintainers with the
+ * memory goal (docs/benchmark-history.md "Memory against the Go daemon"); the sizes it was
+ * measured at.
  */
 export const GO_PEAK_RSS_MB: Readonly<Record<number, number>> = { 100: 76, 300: 91, 1000: 150 };
 

@@ -1,4 +1,4 @@
-// Benchmark (a script, not a test): fairness between namespaces (issue 18). One daemon, two
+// Benchmark (a script, not a test): fairness between namespaces. One daemon, two
 // namespaces. Namespace A holds 64 slow pulls: run-mode pods, each with its own image, whose
 // `image pull` the simulator makes last 10 minutes (a transfer: VK_TRANSFER_SLOTS at a time,
 // at most 3/4 of them for one namespace, the rest queued). Meanwhile namespace B creates 20

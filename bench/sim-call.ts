@@ -1,4 +1,4 @@
-// The CPU cost of one simulated `cocoon` call (issue 9): 100 calls each of `vm inspect <id>`,
+// The CPU cost of one simulated `cocoon` call: 100 calls each of `vm inspect <id>`,
 // `snapshot inspect <name>` and `vm list -o json` through the installed `cocoon` binary (the
 // symlink the provider gets as VK_COCOON_BIN, i.e. bin/cocoon-sim), one at a time, in server
 // mode (the root's simulator server runs in-process, the thin Go client talks to it) and in

@@ -1,4 +1,4 @@
-// Benchmark: VM deaths (issue 11, "the time from the VM's death to the pod's eviction").
+// Benchmark: VM deaths: the time from the VM's death to the pod's eviction.
 // Brings up N ready pods (VK_BENCH_PODS, default 24) on one daemon with default settings,
 // then, one at a time:
 //   1. crashes each pod's VM (`cocoon __sim crash`: the VMM process killed, the record left

@@ -305,7 +305,7 @@ test(`soak: ${N} pods (seed ${SEED}) all end ready or failed as their faults dic
   assert.deepEqual(left, [], `VMs leaked: ${leftText.slice(0, 300)}`);
 });
 
-/** The soak's outcome as the markdown table docs/benchmarks.md publishes ("The soak"). */
+/** The soak's outcome as the markdown table docs/benchmarks.md publishes ("The 1,000-pod soak"). */
 function outcomeTable(o: {
   counts: Record<string, number>;
   mismatches: number;
