@@ -5,7 +5,8 @@
 // The outage stops the apiserver, so the file runs on a control plane of its own.
 //
 //   VK_SOAK_PODS (default 100, sized for CI: every fault kind occurs)   VK_SOAK_SEED (default 20261130)
-//   VK_SOAK_PODS=1000 npm test -- test/integration/soak.test.ts        (a larger run; every wait scales with N)
+//   VK_SOAK_PODS=1000 VK_TEST_JOB_TIMEOUT=3600 npm test -- test/integration/soak.test.ts
+//                      (a larger run; every wait scales with N, past the runner's default job limit)
 //
 // On a timeout the error lists the undecided (or undeleted) pods with their lifecycle state,
 // current step and ready deadline (the vm.cocoonstack.io/Readiness condition), and the world's
@@ -89,13 +90,20 @@ function makePlans(): Plan[] {
   });
 }
 
-// Every soak pod must be admitted (CreatePod rejects past VK_NODE_PODS, as the kubelet does).
+// Every soak pod must be admitted: CreatePod rejects past VK_NODE_PODS, as the kubelet does, and
+// past the node's CPU and memory less the reserve, each VM counted at its size (2 vCPUs, 2 GiB):
+// ground/daemon.ts's 1024 CPUs and 2 TiB hold 409 VMs, so the node grows with N as the benches'.
 const world = useWorld({
   deferDaemon: true,
   privateGround: true,
   // The CI-sized soak shortens the fixup budget (its exhausted pods fail after it) instead of
   // waiting through the default 180 s; a larger soak keeps the default.
-  env: { VK_NODE_PODS: String(Math.max(256, N)), ...(N <= 200 ? { VK_FIXUP_BUDGET_SECONDS: '60' } : {}) },
+  env: {
+    VK_NODE_PODS: String(Math.max(256, N)),
+    VK_NODE_CPU: String(Math.max(1024, 4 * N)),
+    VK_NODE_MEM: `${Math.max(2048, 4 * N)}Gi`,
+    ...(N <= 200 ? { VK_FIXUP_BUDGET_SECONDS: '60' } : {}),
+  },
 });
 let w: World;
 const plans = makePlans();
