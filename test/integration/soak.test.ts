@@ -328,7 +328,11 @@ function outcomeTable(o: {
     .map((k) => `${k} ${n((p) => p.kind === k)}`)
     .join(', ');
   const rows: [string, string][] = [
-    ['command', `\`VK_SOAK_PODS=${N} VK_SOAK_SEED=${SEED} npm test -- test/integration/soak.test.ts\``],
+    [
+      'command',
+      // Past the CI size the run outlasts the runner's default job limit (4 × the CI file's time).
+      `\`VK_SOAK_PODS=${N} VK_SOAK_SEED=${SEED}${N > 200 ? ' VK_TEST_JOB_TIMEOUT=3600' : ''} npm test -- test/integration/soak.test.ts\``,
+    ],
     ['pods (by guest)', `${N} (${kinds})`],
     [
       'faults planned',
