@@ -22,6 +22,7 @@
 // simulator's server re-derives the whole set every SYNC_INTERVAL_MS, which also catches a
 // stand-in killed from outside and an expired lease.
 import { spawnSync } from 'node:child_process';
+import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import type { VmDb } from './db.ts';
@@ -258,7 +259,7 @@ export function guestNetChange(
   withLock(lockFile(root), () => {
     apply(net, change.add ?? [], change.del ?? []);
     // A new stamp: the next sync reads the namespace again.
-    fs.writeFileSync(stampFile(root), String(Date.now()));
+    fs.writeFileSync(stampFile(root), randomUUID());
   });
 }
 
@@ -322,16 +323,18 @@ export function guestNetSync(root: string, leasesPath: string, knobs: Knobs): vo
 }
 
 /** The last sync of each root this process made: its set, the change stamp it saw, when. */
-const lastSync = new Map<string, { key: string; stamp: number; at: number }>();
+const lastSync = new Map<string, { key: string; stamp: string; at: number }>();
 /** A sync reads the namespace (`ip addr`) at least this often, changed or not. */
 const FULL_SYNC_MS = 30_000;
 const stampFile = (root: string) => path.join(root, 'sim', 'guestnet.stamp');
 
-/** The change stamp: bumped by every change of the namespace's addresses. */
-function changeStamp(root: string): number {
+/** The change stamp: a fresh value written by every change of the namespace's addresses. Its
+ * content, not its mtime: file times move in kernel ticks, so two changes a few milliseconds
+ * apart could leave the same mtime and a sync would skip the second. */
+function changeStamp(root: string): string {
   try {
-    return fs.statSync(stampFile(root)).mtimeMs;
+    return fs.readFileSync(stampFile(root), 'utf8');
   } catch {
-    return 0;
+    return '';
   }
 }
