@@ -35,8 +35,13 @@ export class CocoonCommandError extends Error {
 }
 
 export interface CliCallOptions {
-  /** Deadline of the whole call, counted from the call: time queued for a slot included. */
+  /** Deadline of the whole call, counted from the call: time queued for a slot included
+   * (unless `queueTimeoutMs` is set). */
   timeoutMs: number;
+  /** When set, the wait for a slot has this bound of its own and `timeoutMs` counts from the
+   * grant: for a pod's bring-up, whose place in a busy node's queue is not a fault of the call
+   * (docs/decisions.md "Bounded waiting"); its delete still ends the wait (the op signal). */
+  queueTimeoutMs?: number;
   /** Caller-side abort (never a request signal for background work); also ends a wait for a slot. */
   signal?: AbortSignal;
   stdin?: Buffer | Readable;
@@ -188,40 +193,52 @@ export class CocoonCli {
   }
 
   /** Runs a verb to completion; rejects with CocoonCommandError on any failure. The
-   * deadline counts from this call, including the wait for a slot; a deadline, abort or
-   * shutdown while waiting rejects at once without starting the child. */
+   * deadline counts from this call, including the wait for a slot (from the grant, with
+   * `queueTimeoutMs`, which then bounds the wait); a deadline, abort or shutdown while
+   * waiting rejects at once without starting the child. */
   async run(argv: readonly string[], opts: CliCallOptions): Promise<CliResult> {
     const started = performance.now();
     // Whole milliseconds, at least 1. On a plain setTimeout (timeoutSignal, as
     // AbortSignal.timeout), so tests with mock timers can expire it.
-    const deadline = timeoutSignal(Math.max(1, Math.ceil(opts.timeoutMs)));
+    const ms = (n: number) => Math.max(1, Math.ceil(n));
+    const queueOwn = opts.queueTimeoutMs !== undefined;
+    let waitBound: AbortSignal;
+    let waitTimer: ReturnType<typeof setTimeout> | undefined;
+    if (opts.queueTimeoutMs === undefined) waitBound = timeoutSignal(ms(opts.timeoutMs));
+    else {
+      // A wait bound of its own is cleared at the grant (a bring-up's is minutes long).
+      const ac = new AbortController();
+      waitTimer = setTimeout(() => ac.abort(), ms(opts.queueTimeoutMs));
+      waitTimer.unref?.();
+      waitBound = ac.signal;
+    }
     // The operation's signal (a bring-up DeletePod aborts, src/util/op-signal.ts) ends the
     // call too, whether it waits for a slot or runs.
     const op = currentOpSignal();
-    const signal = AbortSignal.any([
-      deadline,
-      this.#lifetime,
-      ...(opts.signal ? [opts.signal] : []),
-      ...(op ? [op] : []),
-    ]);
+    const ends = [this.#lifetime, ...(opts.signal ? [opts.signal] : []), ...(op ? [op] : [])];
     let release: () => void;
     try {
       const pool = isTransferVerb(argv) ? (inTransfer.getStore() ? undefined : this.#transfers) : this.#slots;
-      release = pool ? await pool.acquire(signal, opts.priority) : () => {};
+      release = pool ? await pool.acquire(AbortSignal.any([waitBound, ...ends]), opts.priority) : () => {};
     } catch {
       const verb = `cocoon ${argv.slice(0, 2).join(' ')}`;
       const waited = Math.round(performance.now() - started);
-      const why = deadline.aborted
-        ? `deadline of ${opts.timeoutMs} ms exceeded`
+      const why = waitBound.aborted
+        ? queueOwn
+          ? `no free slot within ${opts.queueTimeoutMs} ms`
+          : `deadline of ${opts.timeoutMs} ms exceeded`
         : this.#lifetime.aborted
           ? 'provider shutting down'
           : 'aborted';
       const message = `${verb}: ${why} (waited ${waited} ms for a free slot)`;
       this.#log.debug({ argv, ms: waited, err: message }, 'cocoon call not started');
       throw new CocoonCommandError(argv, message, '', null);
+    } finally {
+      clearTimeout(waitTimer);
     }
+    const deadline = queueOwn ? timeoutSignal(ms(opts.timeoutMs)) : waitBound;
     try {
-      return await this.#run(argv, opts, deadline, signal, started);
+      return await this.#run(argv, opts, deadline, AbortSignal.any([deadline, ...ends]), started);
     } finally {
       release();
     }

@@ -6,7 +6,7 @@ import { delay, pause } from '../util/deadline.ts';
 import { monoNow } from '../util/mono-clock.ts';
 import { snapshotInspectArgv, snapshotRemoveArgv } from './argv.ts';
 import { parseSnapshotRecord, type SnapshotRecord } from './records.ts';
-import { type CocoonCli, CocoonCommandError } from './runner.ts';
+import { type CliCallOptions, type CocoonCli, CocoonCommandError } from './runner.ts';
 
 /** Deadline of the short snapshot calls (inspect, and rm unless the caller sets its own). */
 const SHORT_CALL_MS = 60_000;
@@ -20,10 +20,11 @@ export async function inspectSnapshot(
   cli: CocoonCli,
   name: string,
   signal: AbortSignal | undefined,
+  opts: Pick<CliCallOptions, 'queueTimeoutMs'> = {},
 ): Promise<SnapshotRecord | undefined> {
   let stdout: string;
   try {
-    ({ stdout } = await cli.run(snapshotInspectArgv(name), { timeoutMs: SHORT_CALL_MS, signal }));
+    ({ stdout } = await cli.run(snapshotInspectArgv(name), { timeoutMs: SHORT_CALL_MS, signal, ...opts }));
   } catch (error) {
     if (error instanceof CocoonCommandError && error.errorClass === 'snapshot_not_found') return undefined;
     throw error;

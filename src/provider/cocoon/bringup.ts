@@ -28,6 +28,11 @@ export interface BringUpResult {
 }
 
 const CLONE_TIMEOUT_MS = 10 * 60_000;
+/** How long a bring-up's `cocoon` call may wait for a free call slot, apart from its own
+ * deadline (docs/decisions.md "Bounded waiting"): a burst of clones queues behind the node's
+ * 24 slots for minutes, which is the node being busy, not the call failing. */
+export const BRING_UP_QUEUE_MS = 10 * 60_000;
+const queued = { queueTimeoutMs: BRING_UP_QUEUE_MS };
 const PULL_TIMEOUT_MS = 30 * 60_000;
 const SHORT_TIMEOUT_MS = 60_000;
 
@@ -71,7 +76,7 @@ export async function cloneBringUp(
 ): Promise<BringUpResult> {
   const { repo, tag } = splitCloneImage(spec.image);
   const local = localSnapshotName(spec.image);
-  let snap = await inspectSnapshot(ctx.cli, local, undefined);
+  let snap = await inspectSnapshot(ctx.cli, local, undefined, queued);
   if (!snap) {
     if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
     enforce(checkLocalSource(ctx, rec, local)); // a reserved name is never pulled for a pod
@@ -87,7 +92,7 @@ export async function cloneBringUp(
     // A delete aborts the wait (the pull itself goes on for whoever else needs it).
     const signal = currentOpSignal();
     await untilAborted(Promise.resolve(puller.ensure(spec.image, { log, signal })), signal);
-    snap = await inspectSnapshot(ctx.cli, local, undefined);
+    snap = await inspectSnapshot(ctx.cli, local, undefined, queued);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
     await ctx.ledger.recordPulled(local, snap.id, stamp);
   }
@@ -136,7 +141,7 @@ export async function cloneFromSource(
     cpuPeriodUs: cpu.periodUs,
     source: 'snapshot' in source ? { snapshot: source.snapshot.name } : { fromDir: source.fromDir },
   });
-  const { stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS });
+  const { stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS, ...queued });
   return await settledRecord(ctx, stdout, spec.vmName);
 }
 
@@ -188,7 +193,7 @@ export async function runBringUp(
   });
   let stdout: string;
   try {
-    ({ stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS }));
+    ({ stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS, ...queued }));
   } catch (err) {
     // A start failure leaves a record in state `error` holding the name: remove it so the
     // pod controller's retry can create the VM again (docs/contracts/cocoon-cli.md "vm run", run).

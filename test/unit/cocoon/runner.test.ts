@@ -95,6 +95,45 @@ test('a call deadline counts from the call, including the wait for a slot', asyn
   assert.deepEqual(fake.started(), ['holder'], 'the timed-out call never started');
 });
 
+test('with queueTimeoutMs the wait has its own bound and the deadline counts from the grant', async (t) => {
+  const fake = fakeCocoon(t);
+  const c = cli(fake.bin, t);
+  mock.timers.enable({ apis: ['setTimeout'] });
+  t.after(() => mock.timers.reset());
+  const h = holder(c);
+  await until(() => fake.started().includes('holder'));
+  // Waits well past its 300 ms run deadline for the slot, then runs with 300 ms from the grant.
+  const queued = c.run(['wait', '60', 'queued'], { timeoutMs: 300, queueTimeoutMs: 1000 });
+  const q = track(queued);
+  // Its queue bound fires while the slot is still taken: "no free slot", never started.
+  const starved = c.run(['wait', '0', 'starved'], { timeoutMs: 300, queueTimeoutMs: 600 });
+  const s = track(starved);
+  await flush();
+  assert.equal(c.waiting, 2);
+  mock.timers.tick(599);
+  await flush();
+  assert.equal(q.settled, false, 'the run deadline does not count the wait');
+  assert.equal(s.settled, false);
+  mock.timers.tick(1);
+  await flush();
+  assert.equal(s.settled, true, 'rejected at its queue bound');
+  assert.match(
+    String((s.error as Error).message),
+    /^cocoon wait 0: no free slot within 600 ms \(waited \d+ ms for a free slot\)$/,
+  );
+  assert.equal(q.settled, false);
+  h.stop();
+  await h.done;
+  await until(() => fake.started().includes('queued'));
+  mock.timers.tick(299);
+  await flush();
+  assert.equal(q.settled, false, 'not before 300 ms from the grant');
+  mock.timers.tick(1);
+  await until(() => q.settled);
+  assert.match(String((q.error as Error).message), /^cocoon wait 60: deadline of 300 ms exceeded/);
+  assert.deepEqual(fake.started(), ['holder', 'queued'], 'the starved call never started');
+});
+
 test('an abort while queued rejects at once and frees the waiter', async (t) => {
   const fake = fakeCocoon(t);
   const c = cli(fake.bin, t);

@@ -286,8 +286,14 @@ describe('the ready deadline', () => {
 });
 
 describe('failed is sticky', () => {
-  test('a lease after the decision never makes it ready; a generation bump re-stamps failed and re-runs nothing', async () => {
-    h = harness();
+  test('a lease after the decision never makes it ready (and sends no echo); a generation bump re-stamps failed and re-runs nothing', async () => {
+    const asked: string[] = [];
+    h = harness({
+      icmp: async (ip) => {
+        asked.push(ip);
+        return true;
+      },
+    });
     h.cocoon.snapshot('acme/agent');
     h.provider.startLoops();
     const pod = clonePod('sticky-0');
@@ -303,6 +309,7 @@ describe('failed is sticky', () => {
     await h.provider.updatePod(apiCopy(h, pod, '900001', { 'vm.cocoonstack.io/probe-port': '22' }));
     await sleep(60);
     assert.deepEqual(states(h, 'sticky-0'), ['creating', 'failed']);
+    assert.deepEqual(asked, [], 'a ready stage that would be refused pings nobody');
     // A generation bump: one patch re-stamping failed at the new generation, nothing re-run.
     const before = h.patches('sticky-0').length;
     await h.provider.updatePod(apiCopy(h, pod, '900002', { 'cocoonset.cocoonstack.io/generation': '2' }));
@@ -318,6 +325,7 @@ describe('failed is sticky', () => {
     assert.equal(h.cocoon.callsOf('vm rm').length, 0, 'the VM stays');
     assert.ok(h.cocoon.vms.has(vm.id));
     assert.equal(step(h), 'Failed');
+    assert.deepEqual(asked, []);
   });
 });
 

@@ -9,7 +9,7 @@ import type { Logger } from '../../../log.ts';
 import { SnapshotPullError } from '../../../registry/pull.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { checkLocalSource, checkRestoreState, mayDropSnapshot, ownerOfRec } from '../authority.ts';
-import { cloneFromSource, inspectVm, SettleError } from '../bringup.ts';
+import { BRING_UP_QUEUE_MS, cloneFromSource, inspectVm, SettleError } from '../bringup.ts';
 import type { PeerStaged, ProviderContext, SnapshotIdentity } from '../context.ts';
 import { dropSnapshot, removeSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
@@ -103,7 +103,7 @@ export async function wakeSource(
   log: Logger,
 ): Promise<WakeSource> {
   const vmName = spec.vmName;
-  const local = await inspectSnapshot(ctx.cli, vmName, undefined);
+  const local = await inspectSnapshot(ctx.cli, vmName, undefined, { queueTimeoutMs: BRING_UP_QUEUE_MS });
   // With a registry its `:hibernate` is read first: what a local copy is verified against,
   // and whose the state is.
   let id: SnapshotIdentity | 'absent' = 'absent';
