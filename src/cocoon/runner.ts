@@ -34,6 +34,11 @@ export class CocoonCommandError extends Error {
   }
 }
 
+/** How long a call of a pod's bring-up or delete waits for a free slot, apart from its own
+ * deadline (`queueTimeoutMs`; docs/decisions.md "Bounded waiting"): a burst of hundreds of pods
+ * queues behind the slots for minutes, which is the node being busy, not the call failing. */
+export const POD_OP_QUEUE_MS = 10 * 60_000;
+
 export interface CliCallOptions {
   /** Deadline of the whole call, counted from the call: time queued for a slot included
    * (unless `queueTimeoutMs` is set). */

@@ -3,7 +3,7 @@
 // argv matches the cocoon CLI contract exactly.
 import { ArgvError, cloneArgv, imagePullArgv, inspectArgv, removeArgv, runArgv } from '../../cocoon/argv.ts';
 import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
-import { CocoonCommandError } from '../../cocoon/runner.ts';
+import { CocoonCommandError, POD_OP_QUEUE_MS } from '../../cocoon/runner.ts';
 import { inspectSnapshot } from '../../cocoon/snapshots.ts';
 import { STORAGE } from '../../contract/annotations.ts';
 import { guestProfile } from '../../guest/profiles.ts';
@@ -28,11 +28,8 @@ export interface BringUpResult {
 }
 
 const CLONE_TIMEOUT_MS = 10 * 60_000;
-/** How long a bring-up's `cocoon` call may wait for a free call slot, apart from its own
- * deadline (docs/decisions.md "Bounded waiting"): a burst of clones queues behind the node's
- * 24 slots for minutes, which is the node being busy, not the call failing. */
-export const BRING_UP_QUEUE_MS = 10 * 60_000;
-const queued = { queueTimeoutMs: BRING_UP_QUEUE_MS };
+/** A bring-up's calls wait for a slot apart from their deadline. */
+const queued = { queueTimeoutMs: POD_OP_QUEUE_MS };
 const PULL_TIMEOUT_MS = 30 * 60_000;
 const SHORT_TIMEOUT_MS = 60_000;
 

@@ -5,12 +5,13 @@
 
 import { realpath } from 'node:fs/promises';
 import { entryOwns } from '../../../authority/rules.ts';
+import { POD_OP_QUEUE_MS } from '../../../cocoon/runner.ts';
 import { inspectSnapshot } from '../../../cocoon/snapshots.ts';
 import type { Logger } from '../../../log.ts';
 import { checkCloneDir } from '../../../vmspec/clone-dir-roots.ts';
 import type { VMSpec } from '../../../vmspec/decode.ts';
 import { mayDropSnapshot, ownerOfRec, podRef } from '../authority.ts';
-import { BRING_UP_QUEUE_MS, BringUpError, type BringUpResult, cloneFromSource } from '../bringup.ts';
+import { BringUpError, type BringUpResult, cloneFromSource } from '../bringup.ts';
 import type { ProviderContext } from '../context.ts';
 import { dropSnapshot, saveSnapshot } from '../snapshots.ts';
 import type { PodRecord } from '../state.ts';
@@ -134,7 +135,7 @@ export async function forkBringUp(
   // The fork snapshot is the source VM's state: its identity's, never the forking pod's.
   const sourceOwner = ownerOfRec(holder, source);
   const snapshot = await ctx.forkSaves.do(name, async () => {
-    const have = await inspectSnapshot(ctx.cli, name, undefined, { queueTimeoutMs: BRING_UP_QUEUE_MS });
+    const have = await inspectSnapshot(ctx.cli, name, undefined, { queueTimeoutMs: POD_OP_QUEUE_MS });
     // An existing one is used only when the ledger says it was saved from this source.
     if (have && entryOwns(ctx.ledger.snapshot(name), sourceOwner)) return have;
     if (have) ctx.localSnapshots.add(name);
@@ -147,7 +148,7 @@ export async function forkBringUp(
       ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
       throw err;
     }
-    const made = await inspectSnapshot(ctx.cli, name, undefined, { queueTimeoutMs: BRING_UP_QUEUE_MS });
+    const made = await inspectSnapshot(ctx.cli, name, undefined, { queueTimeoutMs: POD_OP_QUEUE_MS });
     if (!made) throw new BringUpError(`fork-from: snapshot ${name} missing right after its save`);
     return made;
   });
