@@ -44,8 +44,9 @@ export interface CliCallOptions {
    * (unless `queueTimeoutMs` is set). */
   timeoutMs: number;
   /** When set, the wait for a slot has this bound of its own and `timeoutMs` counts from the
-   * grant: for a pod's bring-up, whose place in a busy node's queue is not a fault of the call
-   * (docs/decisions.md "Bounded waiting"); its delete still ends the wait (the op signal). */
+   * grant: for a pod's bring-up or delete ({@link POD_OP_QUEUE_MS}), whose place in a busy
+   * node's queue is not a fault of the call (docs/decisions.md "Bounded waiting"). A bring-up's
+   * wait still ends at once when its pod is deleted (the op signal). */
   queueTimeoutMs?: number;
   /** Caller-side abort (never a request signal for background work); also ends a wait for a slot. */
   signal?: AbortSignal;
