@@ -38,6 +38,8 @@ export class CocoonCommandError extends Error {
  * deadline (`queueTimeoutMs`; docs/decisions.md "Bounded waiting"): a burst of hundreds of pods
  * queues behind the slots for minutes, which is the node being busy, not the call failing. */
 export const POD_OP_QUEUE_MS = 10 * 60_000;
+/** The call options of a pod's bring-up or delete calls: {@link POD_OP_QUEUE_MS} for the wait. */
+export const POD_OP_QUEUE = { queueTimeoutMs: POD_OP_QUEUE_MS } as const;
 
 export interface CliCallOptions {
   /** Deadline of the whole call, counted from the call: time queued for a slot included
@@ -207,14 +209,14 @@ export class CocoonCli {
     // Whole milliseconds, at least 1. On a plain setTimeout (timeoutSignal, as
     // AbortSignal.timeout), so tests with mock timers can expire it.
     const ms = (n: number) => Math.max(1, Math.ceil(n));
-    const queueOwn = opts.queueTimeoutMs !== undefined;
+    const queueBound = opts.queueTimeoutMs;
     let waitBound: AbortSignal;
     let waitTimer: ReturnType<typeof setTimeout> | undefined;
-    if (opts.queueTimeoutMs === undefined) waitBound = timeoutSignal(ms(opts.timeoutMs));
+    if (queueBound === undefined) waitBound = timeoutSignal(ms(opts.timeoutMs));
     else {
       // A wait bound of its own is cleared at the grant (a bring-up's is minutes long).
       const ac = new AbortController();
-      waitTimer = setTimeout(() => ac.abort(), ms(opts.queueTimeoutMs));
+      waitTimer = setTimeout(() => ac.abort(), ms(queueBound));
       waitTimer.unref?.();
       waitBound = ac.signal;
     }
@@ -230,8 +232,8 @@ export class CocoonCli {
       const verb = `cocoon ${argv.slice(0, 2).join(' ')}`;
       const waited = Math.round(performance.now() - started);
       const why = waitBound.aborted
-        ? queueOwn
-          ? `no free slot within ${opts.queueTimeoutMs} ms`
+        ? queueBound !== undefined
+          ? `no free slot within ${queueBound} ms`
           : `deadline of ${opts.timeoutMs} ms exceeded`
         : this.#lifetime.aborted
           ? 'provider shutting down'
@@ -242,7 +244,7 @@ export class CocoonCli {
     } finally {
       clearTimeout(waitTimer);
     }
-    const deadline = queueOwn ? timeoutSignal(ms(opts.timeoutMs)) : waitBound;
+    const deadline = queueBound !== undefined ? timeoutSignal(ms(opts.timeoutMs)) : waitBound;
     try {
       return await this.#run(argv, opts, deadline, AbortSignal.any([deadline, ...ends]), started);
     } finally {

@@ -3,7 +3,7 @@
 // argv matches the cocoon CLI contract exactly.
 import { ArgvError, cloneArgv, imagePullArgv, inspectArgv, removeArgv, runArgv } from '../../cocoon/argv.ts';
 import { parseVmRecord, type SnapshotRecord, type VmRecord } from '../../cocoon/records.ts';
-import { CocoonCommandError, POD_OP_QUEUE_MS } from '../../cocoon/runner.ts';
+import { CocoonCommandError, POD_OP_QUEUE } from '../../cocoon/runner.ts';
 import { inspectSnapshot } from '../../cocoon/snapshots.ts';
 import { STORAGE } from '../../contract/annotations.ts';
 import { guestProfile } from '../../guest/profiles.ts';
@@ -28,8 +28,6 @@ export interface BringUpResult {
 }
 
 const CLONE_TIMEOUT_MS = 10 * 60_000;
-/** A bring-up's calls wait for a slot apart from their deadline. */
-const queued = { queueTimeoutMs: POD_OP_QUEUE_MS };
 const PULL_TIMEOUT_MS = 30 * 60_000;
 const SHORT_TIMEOUT_MS = 60_000;
 
@@ -73,7 +71,7 @@ export async function cloneBringUp(
 ): Promise<BringUpResult> {
   const { repo, tag } = splitCloneImage(spec.image);
   const local = localSnapshotName(spec.image);
-  let snap = await inspectSnapshot(ctx.cli, local, undefined, queued);
+  let snap = await inspectSnapshot(ctx.cli, local, undefined, POD_OP_QUEUE);
   if (!snap) {
     if (!puller) throw new BringUpError(`snapshot ${local} not found locally and no registry configured`);
     enforce(checkLocalSource(ctx, rec, local)); // a reserved name is never pulled for a pod
@@ -89,7 +87,7 @@ export async function cloneBringUp(
     // A delete aborts the wait (the pull itself goes on for whoever else needs it).
     const signal = currentOpSignal();
     await untilAborted(Promise.resolve(puller.ensure(spec.image, { log, signal })), signal);
-    snap = await inspectSnapshot(ctx.cli, local, undefined, queued);
+    snap = await inspectSnapshot(ctx.cli, local, undefined, POD_OP_QUEUE);
     if (!snap) throw new BringUpError(`snapshot ${local} still missing after the registry pull`);
     await ctx.ledger.recordPulled(local, snap.id, stamp);
   }
@@ -138,7 +136,7 @@ export async function cloneFromSource(
     cpuPeriodUs: cpu.periodUs,
     source: 'snapshot' in source ? { snapshot: source.snapshot.name } : { fromDir: source.fromDir },
   });
-  const { stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS, ...queued });
+  const { stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS, ...POD_OP_QUEUE });
   return await settledRecord(ctx, stdout, spec.vmName);
 }
 
@@ -190,7 +188,7 @@ export async function runBringUp(
   });
   let stdout: string;
   try {
-    ({ stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS, ...queued }));
+    ({ stdout } = await ctx.cli.run(argv, { timeoutMs: CLONE_TIMEOUT_MS, ...POD_OP_QUEUE }));
   } catch (err) {
     // A start failure leaves a record in state `error` holding the name: remove it so the
     // pod controller's retry can create the VM again (docs/contracts/cocoon-cli.md "vm run", run).

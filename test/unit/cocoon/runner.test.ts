@@ -69,13 +69,19 @@ function holder(c: CocoonCli): { done: Promise<unknown>; stop: () => void } {
   return { done, stop: () => ac.abort() };
 }
 
-test('a call deadline counts from the call, including the wait for a slot', async (t) => {
+/** A pool of one slot, taken by a {@link holder}, with setTimeout mocked. */
+async function heldPool(t: { after: (fn: () => void) => void }) {
   const fake = fakeCocoon(t);
   const c = cli(fake.bin, t);
   mock.timers.enable({ apis: ['setTimeout'] });
   t.after(() => mock.timers.reset());
   const h = holder(c);
   await until(() => fake.started().includes('holder'));
+  return { fake, c, h };
+}
+
+test('a call deadline counts from the call, including the wait for a slot', async (t) => {
+  const { fake, c, h } = await heldPool(t);
   const queued = c.run(['wait', '0', 'queued'], { timeoutMs: 300 });
   const q = track(queued);
   await flush();
@@ -96,19 +102,24 @@ test('a call deadline counts from the call, including the wait for a slot', asyn
 });
 
 test('with queueTimeoutMs the wait has its own bound and the deadline counts from the grant', async (t) => {
-  const fake = fakeCocoon(t);
-  const c = cli(fake.bin, t);
-  mock.timers.enable({ apis: ['setTimeout'] });
-  t.after(() => mock.timers.reset());
-  const h = holder(c);
-  await until(() => fake.started().includes('holder'));
+  const { fake, c, h } = await heldPool(t);
   // Waits well past its 300 ms run deadline for the slot, then runs with 300 ms from the grant.
   const queued = c.run(['wait', '60', 'queued'], { timeoutMs: 300, queueTimeoutMs: 1000 });
   const q = track(queued);
   // Its queue bound fires while the slot is still taken: "no free slot", never started.
   const starved = c.run(['wait', '0', 'starved'], { timeoutMs: 300, queueTimeoutMs: 600 });
   const s = track(starved);
+  // An abort (a bring-up's pod deleted) still ends the long wait at once.
+  const ac = new AbortController();
+  const dropped = track(
+    c.run(['wait', '0', 'dropped'], { timeoutMs: 300, queueTimeoutMs: 10_000, signal: ac.signal }),
+  );
   await flush();
+  assert.equal(c.waiting, 3);
+  ac.abort();
+  await flush();
+  assert.equal(dropped.settled, true, 'rejected at the abort, long before its queue bound');
+  assert.match(String((dropped.error as Error).message), /^cocoon wait 0: aborted \(waited \d+ ms/);
   assert.equal(c.waiting, 2);
   mock.timers.tick(599);
   await flush();
@@ -131,7 +142,7 @@ test('with queueTimeoutMs the wait has its own bound and the deadline counts fro
   mock.timers.tick(1);
   await until(() => q.settled);
   assert.match(String((q.error as Error).message), /^cocoon wait 60: deadline of 300 ms exceeded/);
-  assert.deepEqual(fake.started(), ['holder', 'queued'], 'the starved call never started');
+  assert.deepEqual(fake.started(), ['holder', 'queued'], 'the starved and the dropped call never started');
 });
 
 test('an abort while queued rejects at once and frees the waiter', async (t) => {

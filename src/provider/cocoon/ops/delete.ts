@@ -6,7 +6,7 @@ import type { V1Pod } from '@kubernetes/client-node';
 import { entryOwns, mayRemove } from '../../../authority/rules.ts';
 import { removeArgv } from '../../../cocoon/argv.ts';
 import type { VmRecord } from '../../../cocoon/records.ts';
-import { CocoonCommandError, POD_OP_QUEUE_MS } from '../../../cocoon/runner.ts';
+import { CocoonCommandError, POD_OP_QUEUE } from '../../../cocoon/runner.ts';
 import { KEEP_SNAPSHOT_ON_DELETE } from '../../../contract/annotations.ts';
 import type { Logger } from '../../../log.ts';
 import { releaseLease } from '../../../net/release.ts';
@@ -80,7 +80,7 @@ export async function deletePod(
     // Deferred: the local `<vmName>` holds the state until its push lands (deferred-push.ts).
     const pushed = await snapshotBeforeDelete(ctx, rec, pod, vm, keep, log);
     try {
-      await ctx.cli.run(removeArgv(vm.id), { timeoutMs: 60_000, queueTimeoutMs: POD_OP_QUEUE_MS });
+      await ctx.cli.run(removeArgv(vm.id), { timeoutMs: 60_000, ...POD_OP_QUEUE });
     } catch (err) {
       if (!(err instanceof CocoonCommandError && err.errorClass === 'vm_not_found')) {
         throw new Error(`kept VM ${vm.id}: ${err instanceof Error ? err.message : String(err)}`);
@@ -133,7 +133,7 @@ async function removeLeftover(ctx: DeleteCtx, rec: PodRecord, log: Logger): Prom
       );
   }
   try {
-    await ctx.cli.run(removeArgv(left.id), { timeoutMs: 60_000, queueTimeoutMs: POD_OP_QUEUE_MS });
+    await ctx.cli.run(removeArgv(left.id), { timeoutMs: 60_000, ...POD_OP_QUEUE });
   } catch (err) {
     if (!(err instanceof CocoonCommandError && err.errorClass === 'vm_not_found')) throw err;
   }

@@ -3,7 +3,7 @@
 // a wake restores it from, and the restoring clone.
 
 import type { VmRecord } from '../../../cocoon/records.ts';
-import { CocoonCommandError, POD_OP_QUEUE_MS } from '../../../cocoon/runner.ts';
+import { CocoonCommandError, POD_OP_QUEUE } from '../../../cocoon/runner.ts';
 import { inspectSnapshot } from '../../../cocoon/snapshots.ts';
 import type { Logger } from '../../../log.ts';
 import { SnapshotPullError } from '../../../registry/pull.ts';
@@ -103,7 +103,7 @@ export async function wakeSource(
   log: Logger,
 ): Promise<WakeSource> {
   const vmName = spec.vmName;
-  const local = await inspectSnapshot(ctx.cli, vmName, undefined, { queueTimeoutMs: POD_OP_QUEUE_MS });
+  const local = await inspectSnapshot(ctx.cli, vmName, undefined, POD_OP_QUEUE);
   // With a registry its `:hibernate` is read first: what a local copy is verified against,
   // and whose the state is.
   let id: SnapshotIdentity | 'absent' = 'absent';

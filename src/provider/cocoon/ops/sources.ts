@@ -5,7 +5,7 @@
 
 import { realpath } from 'node:fs/promises';
 import { entryOwns } from '../../../authority/rules.ts';
-import { POD_OP_QUEUE_MS } from '../../../cocoon/runner.ts';
+import { POD_OP_QUEUE } from '../../../cocoon/runner.ts';
 import { inspectSnapshot } from '../../../cocoon/snapshots.ts';
 import type { Logger } from '../../../log.ts';
 import { checkCloneDir } from '../../../vmspec/clone-dir-roots.ts';
@@ -135,7 +135,7 @@ export async function forkBringUp(
   // The fork snapshot is the source VM's state: its identity's, never the forking pod's.
   const sourceOwner = ownerOfRec(holder, source);
   const snapshot = await ctx.forkSaves.do(name, async () => {
-    const have = await inspectSnapshot(ctx.cli, name, undefined, { queueTimeoutMs: POD_OP_QUEUE_MS });
+    const have = await inspectSnapshot(ctx.cli, name, undefined, POD_OP_QUEUE);
     // An existing one is used only when the ledger says it was saved from this source.
     if (have && entryOwns(ctx.ledger.snapshot(name), sourceOwner)) return have;
     if (have) ctx.localSnapshots.add(name);
@@ -148,7 +148,7 @@ export async function forkBringUp(
       ctx.metrics.snapshotSave(ns, 'failed', (performance.now() - started) / 1000);
       throw err;
     }
-    const made = await inspectSnapshot(ctx.cli, name, undefined, { queueTimeoutMs: POD_OP_QUEUE_MS });
+    const made = await inspectSnapshot(ctx.cli, name, undefined, POD_OP_QUEUE);
     if (!made) throw new BringUpError(`fork-from: snapshot ${name} missing right after its save`);
     return made;
   });
