@@ -145,6 +145,11 @@ function table(rs: BringUpResult[]): string {
     ...verbs.map((v) => row(`· ${v}`, (r) => per(r, r.calls[v] ?? 0))),
     row('daemon RSS before the burst (started, node idle)', (r) => fmtMiB(r.idleRssKiB)),
     row('daemon peak RSS (100 ms samples) / VmHWM', (r) => `${fmtMiB(r.peakRssKiB)} / ${fmtMiB(r.hwmKiB)}`),
+    row(
+      'daemon RSS anonymous / file-backed, before the burst → at the peak',
+      (r) =>
+        `${fmtMiB(r.idleAnonKiB)} / ${fmtMiB(r.idleFileKiB)} → ${fmtMiB(r.peakAnonKiB)} / ${fmtMiB(r.peakFileKiB)}`,
+    ),
     row('**Go daemon peak RSS, published** (same bench)', (r) => {
       const go = GO_PEAK_RSS_MB[r.pods];
       return go === undefined

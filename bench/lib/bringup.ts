@@ -43,6 +43,11 @@ export interface BringUpResult {
   hwmKiB: number;
   /** VmRSS just before the first create (the started daemon with its node idle), KiB. */
   idleRssKiB: number;
+  /** Anonymous and file-backed RSS (KiB) before the first create and at the peak sample. */
+  idleAnonKiB: number;
+  idleFileKiB: number;
+  peakAnonKiB: number;
+  peakFileKiB: number;
   /** Pods of the burst whose lease was seen (lease → ready is over these). */
   leasesSeen: number;
   watchRestarts: number;
@@ -309,6 +314,10 @@ export async function bringUp(
       peakRssKiB: Math.max(rss.maxKiB, 0),
       hwmKiB,
       idleRssKiB,
+      idleAnonKiB: rss.first?.anonKiB ?? Number.NaN,
+      idleFileKiB: rss.first?.fileKiB ?? Number.NaN,
+      peakAnonKiB: rss.atMax?.anonKiB ?? Number.NaN,
+      peakFileKiB: rss.atMax?.fileKiB ?? Number.NaN,
       leasesSeen: leaseToReady.length,
       watchRestarts: tracker.restarts,
       series,

@@ -41,23 +41,32 @@ export function cpuTimes(pid: number): CpuTimes {
 export interface Mem {
   rssKiB: number;
   hwmKiB: number;
+  /** VmRSS's anonymous part (heaps, stacks) and its file-backed part (the binary's and the
+   * libraries' pages). */
+  anonKiB: number;
+  fileKiB: number;
 }
 
-/** Parses VmRSS and VmHWM (kB) out of /proc/<pid>/status. */
+/** Parses VmRSS, VmHWM, RssAnon and RssFile (kB) out of /proc/<pid>/status. */
 export function parseStatusMem(status: string): Mem {
   const kib = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+)\\s+kB`, 'm').exec(status)?.[1] ?? NaN);
-  return { rssKiB: kib('VmRSS'), hwmKiB: kib('VmHWM') };
+  return { rssKiB: kib('VmRSS'), hwmKiB: kib('VmHWM'), anonKiB: kib('RssAnon'), fileKiB: kib('RssFile') };
 }
 
 export function memOf(pid: number): Mem {
   return parseStatusMem(readFileSync(`/proc/${pid}/status`, 'latin1'));
 }
 
-/** Samples VmRSS of one process every `intervalMs` (default 100 ms) and keeps the maximum. */
+/** Samples VmRSS of one process every `intervalMs` (default 100 ms) and keeps the maximum
+ * (with its anonymous and file-backed parts). */
 export class RssSampler {
   #timer: NodeJS.Timeout | undefined;
   maxKiB = 0;
   lastKiB = 0;
+  /** The sample that held the maximum. */
+  atMax: Mem | undefined;
+  /** The first sample. */
+  first: Mem | undefined;
   samples = 0;
   readonly pid: number;
 
@@ -65,11 +74,16 @@ export class RssSampler {
     this.pid = pid;
     const tick = () => {
       try {
-        const { rssKiB } = memOf(pid);
+        const mem = memOf(pid);
+        const { rssKiB } = mem;
         if (Number.isFinite(rssKiB)) {
           this.lastKiB = rssKiB;
+          this.first ??= mem;
           this.samples++;
-          if (rssKiB > this.maxKiB) this.maxKiB = rssKiB;
+          if (rssKiB > this.maxKiB) {
+            this.maxKiB = rssKiB;
+            this.atMax = mem;
+          }
         }
       } catch {
         // gone (killed on purpose by the restart bench, or crashed: the bench notices)

@@ -219,8 +219,14 @@ test('parseStatTimes reads utime+stime and cutime+cstime past a command with spa
   // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime ...
   const stat = '1234 (node (x) y) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 700 300 20 0 11 0 5000 0 0';
   assert.deepEqual(parseStatTimes(stat, 100), { selfMs: 3000, childrenMs: 10_000 });
-  const status = 'Name:\tnode\nVmPeak:\t 999 kB\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\n';
-  assert.deepEqual(parseStatusMem(status), { rssKiB: 102400, hwmKiB: 204800 });
+  const status =
+    'Name:\tnode\nVmPeak:\t 999 kB\nVmHWM:\t  204800 kB\nVmRSS:\t  102400 kB\nRssAnon:\t   60000 kB\nRssFile:\t   42400 kB\n';
+  assert.deepEqual(parseStatusMem(status), {
+    rssKiB: 102400,
+    hwmKiB: 204800,
+    anonKiB: 60000,
+    fileKiB: 42400,
+  });
 });
 
 test('markdownTable and fmtCounts', () => {
