@@ -8,6 +8,8 @@
 //                                  relative `.ts` specifiers rewritten to `.js`, comments dropped
 //                                  (packaging/trivia.ts); line and column of every token unchanged,
 //                                  so stack traces name source positions
+//     lib/bundle/vk-cocoon.js(.map)  lib/src/main.js bundled with the packages it imports statically
+//                                  (packaging/bundle.ts): what the launcher runs
 //     lib/node_modules/            the packages the daemon imports at run time and their dependencies
 //     systemd/vk-cocoon.service, vk-cocoon.env.example (generated), examples/, deploy/rbac*.yaml, docs/
 // docs/decisions.md "Release artifact" says why a tarball and why stripped at build time.
@@ -38,6 +40,7 @@ import { tmpdir } from 'node:os';
 import { dirname, join, posix, relative, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { type ReleaseInfo, versionString } from '../src/version.ts';
+import { BUNDLE_PATH, bundleDaemon } from './bundle.ts';
 import { envExample } from './env-example.ts';
 import { compactTrivia, type TsApi } from './trivia.ts';
 
@@ -352,6 +355,10 @@ export function build(o: BuildOptions): string {
       });
     }
     say(`${closure.length} packages copied into lib/node_modules`);
+    const bundled = bundleDaemon(lib);
+    say(
+      `lib/${BUNDLE_PATH}: ${bundled} modules, ${(statSync(join(lib, BUNDLE_PATH)).size / 1024).toFixed(0)} KiB`,
+    );
 
     writeFileSync(
       join(lib, 'package.json'),
@@ -397,9 +404,10 @@ export function build(o: BuildOptions): string {
     cpSync(join(repo, 'docs'), join(top, 'docs'), { recursive: true });
 
     // Smoke test: the unpacked tree starts on its own runtime (no node on PATH, no checkout)
-    // and every module the daemon imports resolves (`--version` loads the static graph); the
+    // and every module the daemon imports resolves (`--version` loads the bundle); the
     // packages it requires on first use only (ws, tar-stream: docs/decisions.md "Daemon
-    // memory") are loaded from the staged tree too, so a missing one fails the build.
+    // memory") are loaded from the bundle's place in the staged tree too, so a missing one
+    // fails the build.
     const scratch = mkdtempSync(join(tmpdir(), 'vk-release-smoke-'));
     try {
       const env = { PATH: '/usr/bin:/bin', HOME: scratch, NODE_COMPILE_CACHE: join(scratch, 'cache') };
@@ -410,7 +418,7 @@ export function build(o: BuildOptions): string {
         'const r = require("node:module").createRequire(process.argv[1]); for (const s of process.argv.slice(2)) r(s);';
       run(
         join(top, 'runtime', 'node'),
-        ['-e', requireAll, join(lib, 'src', 'main.js'), ...[...specifiers].sort()],
+        ['-e', requireAll, join(lib, BUNDLE_PATH), ...[...specifiers].sort()],
         {
           cwd: scratch,
           env,

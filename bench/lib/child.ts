@@ -7,7 +7,13 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import path from 'node:path';
 
 /** The daemon's own V8 flags (bin/vk-cocoon, packaging/launcher.sh). */
-export const DAEMON_V8_FLAGS = ['--max-semi-space-size=2', '--no-opt', '--no-maglev', '--optimize-for-size'];
+export const DAEMON_V8_FLAGS = [
+  '--max-semi-space-size=2',
+  '--no-opt',
+  '--no-maglev',
+  '--no-sparkplug',
+  '--optimize-for-size',
+];
 
 const benchDir = path.resolve(import.meta.dirname, '..');
 
