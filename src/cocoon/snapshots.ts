@@ -41,6 +41,8 @@ export interface RemoveSnapshotOptions {
   readonly leasedRetryMs?: number;
   /** Deadline of each `snapshot rm` call (default 60 s). */
   readonly timeoutMs?: number;
+  /** Bound of each call's wait for a slot, apart from its deadline (CliCallOptions). */
+  readonly queueTimeoutMs?: number;
 }
 
 /** `snapshot rm <ref>`: not found is success; a leased snapshot is retried for up to
@@ -56,6 +58,7 @@ export async function removeSnapshot(
     try {
       await cli.run(snapshotRemoveArgv(ref), {
         timeoutMs: opts.timeoutMs ?? SHORT_CALL_MS,
+        queueTimeoutMs: opts.queueTimeoutMs,
         signal: opts.signal,
       });
       return;

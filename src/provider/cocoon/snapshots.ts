@@ -7,7 +7,7 @@ import type { Owner } from '../../authority/owner.ts';
 import { snapshotListArgv, snapshotSaveArgv } from '../../cocoon/argv.ts';
 import { snapshotHolder } from '../../cocoon/errors.ts';
 import { parseSnapshotList, type SnapshotRecord } from '../../cocoon/records.ts';
-import { CocoonCommandError } from '../../cocoon/runner.ts';
+import { CocoonCommandError, POD_OP_QUEUE } from '../../cocoon/runner.ts';
 import { inspectSnapshot, removeSnapshot as removeCocoonSnapshot } from '../../cocoon/snapshots.ts';
 import type { Logger } from '../../log.ts';
 import { checkSnapshotWrite, enforce } from './authority.ts';
@@ -78,25 +78,28 @@ export async function saveSnapshot(
 export async function removeSnapshot(
   ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
   ref: string,
-  opts: { signal?: AbortSignal; leasedRetryMs?: number } = {},
+  opts: { signal?: AbortSignal; leasedRetryMs?: number; queueTimeoutMs?: number } = {},
 ): Promise<void> {
   await removeCocoonSnapshot(ctx.cli, ref, {
     signal: opts.signal,
     leasedRetryMs: opts.leasedRetryMs,
     timeoutMs: REMOVE_TIMEOUT_MS,
+    queueTimeoutMs: opts.queueTimeoutMs,
   });
   ctx.localSnapshots.delete(ref);
   await ctx.ledger.forget('snapshot', ref);
 }
 
-/** Best-effort removal (logged, never thrown). */
+/** Best-effort removal (logged, never thrown). It waits for a call slot as a pod's bring-up
+ * or delete does (POD_OP_QUEUE): a clean-up behind a busy pool (a mass delete whose deferred
+ * pushes land together) is late, not skipped with its snapshot left on the host. */
 export async function dropSnapshot(
   ctx: Pick<ProviderContext, 'cli' | 'ledger' | 'localSnapshots'>,
   ref: string,
   log: Logger,
 ): Promise<void> {
   try {
-    await removeSnapshot(ctx, ref);
+    await removeSnapshot(ctx, ref, POD_OP_QUEUE);
   } catch (err) {
     log.warn({ snapshot: ref, err: String(err) }, 'could not remove a local snapshot; left in place');
   }

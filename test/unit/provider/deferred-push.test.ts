@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { afterEach, describe, mock, test } from 'node:test';
 import type { V1Pod } from '@kubernetes/client-node';
 import { ownerOf } from '../../../src/authority/owner.ts';
-import { CocoonCommandError } from '../../../src/cocoon/runner.ts';
+import { CocoonCommandError, POD_OP_QUEUE_MS } from '../../../src/cocoon/runner.ts';
 import { noMetrics } from '../../../src/provider/cocoon/metrics.ts';
 import type { FakeVm } from '../fakes/cocoon.ts';
 import { FakeStore } from '../fakes/store.ts';
@@ -94,6 +94,24 @@ describe('delete during a registry outage', () => {
     assert.ok(!h.cocoon.snapshots.has('vk-o-0'), 'the local copy goes once pushed');
     assert.ok(h.events.some((e) => e.reason === 'SnapshotPushed' && e.pod === 'ns/o-0'));
     assert.deepEqual(deferred, ['deferred:1', 'pushed:0']);
+  });
+
+  test('the pushed copy is removed with the wait of a pod operation: a busy call pool delays it, never leaves it', async () => {
+    h = withStore();
+    const { pod } = await readyPod(h, 'o-3');
+    store!.down = true;
+    await h.provider.deletePod(deleting(pod, 30_000));
+    store!.down = false;
+    const removals: (number | undefined)[] = [];
+    h.cocoon.on(/^snapshot rm vk-o-3$/, (argv, opts) => {
+      removals.push(opts.queueTimeoutMs);
+      h!.cocoon.snapshots.delete(argv[2]!);
+      return { stdout: '', stderr: '' };
+    });
+    await h.provider.deferredPushesNow();
+    assert.equal(h.ledger.pendingPush('vk-o-3'), undefined, 'pushed');
+    assert.deepEqual(removals, [POD_OP_QUEUE_MS], 'one snapshot rm, with the pod-operation queue bound');
+    assert.ok(!h.cocoon.snapshots.has('vk-o-3'));
   });
 
   test('a failed try keeps the push with its error and count', async () => {
