@@ -320,11 +320,16 @@ describe('unmanaged and bad input', () => {
       (x) => lifecycle(x) === 'hibernated',
     );
     assert.equal(p.metadata?.annotations?.['vm.cocoonstack.io/id'], undefined);
-    const ev = await events('hib-0');
-    assert.ok(
-      ev.some(
-        (e) => e.reason === 'Hibernated' && e.type === 'Normal' && /saved locally/.test(e.message ?? ''),
-      ),
+    // The event follows the lifecycle write (the recorder posts it on its own queue): waited
+    // for, not read at once.
+    await waitFor(
+      'the Hibernated event saying "saved locally"',
+      async () =>
+        (await events('hib-0')).some(
+          (e) => e.reason === 'Hibernated' && e.type === 'Normal' && /saved locally/.test(e.message ?? ''),
+        ),
+      30_000,
+      200,
     );
     await annotate(w.core, w.namespace, 'hib-0', { 'vm.cocoonstack.io/hibernate': null });
     const woken = await waitForPod(
