@@ -17,8 +17,8 @@ import { join } from 'node:path';
 export const BUNDLE_PATH = 'bundle/vk-cocoon.js';
 
 interface Esbuild {
+  /** Throws on an error; returns the warnings. */
   buildSync(o: Record<string, unknown>): {
-    errors: { text: string }[];
     warnings: { text: string; location?: { file: string; line: number } | null }[];
     metafile?: { inputs: Record<string, unknown> };
   };
