@@ -41,7 +41,7 @@ import { installTeardown, openPidRegistry } from './proc.ts';
 const PROFILE: Record<string, { estimate: number }> = {
   unit: { estimate: 144 },
   'test/integration/virtual-node.test.ts': { estimate: 95 },
-  'test/integration/explain.test.ts': { estimate: 129 },
+  'test/integration/explain.test.ts': { estimate: 70 },
   'test/integration/sac.test.ts': { estimate: 127 },
   'test/integration/soak.test.ts': { estimate: 125 },
   'test/integration/hibernate-faults.test.ts': { estimate: 106 },

@@ -38,6 +38,7 @@ export async function simVm(
 }
 
 export const mergePatch = setHeaderOptions('Content-Type', PatchStrategy.MergePatch);
+export const strategicMergePatch = setHeaderOptions('Content-Type', PatchStrategy.StrategicMergePatch);
 
 export async function annotate(
   core: CoreV1Api,
