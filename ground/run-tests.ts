@@ -27,7 +27,7 @@
 // then SIGKILL after a grace.
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
 import { existsSync, globSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
-import { availableParallelism, tmpdir } from 'node:os';
+import { availableParallelism, homedir, tmpdir } from 'node:os';
 import { isAbsolute, join, relative } from 'node:path';
 import { sweepDeadOwners } from '../sim/guestnet.ts';
 import { repoRoot } from './cluster.ts';
@@ -93,6 +93,17 @@ const mmss = (ms: number) => {
   return `${Math.floor(s / 60)}:${String(s % 60).padStart(2, '0')}`;
 };
 const say = (line: string) => console.log(`suite: [${mmss(Date.now() - t0)}] ${line}`);
+
+// Node's compile cache for every process of the run (test files, simulator servers and
+// stand-ins, demos; bin/vk-cocoon and bin/cocoon-sim keep theirs when it is set): a warm run
+// loads its TypeScript without stripping it again, a third less CPU for the unit tests on 2
+// cores (92 s → 64 s). Node keys entries by file content, binary and flags, so a stale
+// entry is never used. The same directory as bin/vk-cocoon's default.
+process.env.NODE_COMPILE_CACHE ??= join(
+  process.env.XDG_CACHE_HOME || join(homedir(), '.cache'),
+  'vk-cocoon',
+  'node-compile-cache',
+);
 
 interface Job {
   name: string;
