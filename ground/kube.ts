@@ -1,6 +1,13 @@
 // Kubernetes helpers for integration tests: admin clients, unique namespaces, polling.
 import { randomBytes } from 'node:crypto';
-import { AppsV1Api, CoordinationV1Api, CoreV1Api, KubeConfig, type V1Pod } from '@kubernetes/client-node';
+import {
+  AppsV1Api,
+  CoordinationV1Api,
+  CoreV1Api,
+  KubeConfig,
+  type RequestContext,
+  type V1Pod,
+} from '@kubernetes/client-node';
 import type { ClusterState } from './cluster.ts';
 import { waitFor } from './proc.ts';
 
@@ -11,8 +18,31 @@ export interface AdminClients {
   apps: AppsV1Api;
 }
 
+type Dispatcher = NonNullable<ReturnType<RequestContext['getDispatcher']>>;
+
+/**
+ * A KubeConfig whose API clients share their connections. @kubernetes/client-node 2.0 builds
+ * a new undici Agent for every request, so every request opened a TLS connection of its own: a
+ * handshake on both sides and the CA parsed again, most of a polling test's CPU and a large
+ * share of the apiserver's. The first dispatcher of a cluster and user is kept and used for
+ * every later request (keep-alive, as client-go does).
+ */
+export class PooledKubeConfig extends KubeConfig {
+  readonly #dispatchers = new Map<string, Dispatcher>();
+
+  override async applySecurityAuthentication(context: RequestContext): Promise<void> {
+    await super.applySecurityAuthentication(context);
+    const built = context.getDispatcher();
+    if (built === undefined) return;
+    const key = JSON.stringify([this.getCurrentCluster()?.name, this.getCurrentUser()?.name]);
+    const kept = this.#dispatchers.get(key);
+    if (kept === undefined) this.#dispatchers.set(key, built);
+    else context.setDispatcher(kept);
+  }
+}
+
 export function adminClients(cluster: ClusterState): AdminClients {
-  const kc = new KubeConfig();
+  const kc = new PooledKubeConfig();
   kc.loadFromFile(cluster.kubeconfig);
   return {
     kc,
