@@ -4,8 +4,8 @@
 //
 // Scheduling. The unit tests are one job (`node --test`, two files at a time), the simulator
 // tests another; every other file (the integration tests) is a job of its own. Up to
-// VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
-// deadlines and tickers, not on the 2 cores) run at once, longest first (the estimates below,
+// VK_TEST_CONCURRENCY jobs (default 4: most integration time is spent waiting on leases,
+// deadlines and tickers, not on the 2 cores; docs/test-ground.md "Suite scheduling") run at once, longest first (the estimates below,
 // measured warm on 2 cores), so the long files start at once and the short ones fill the gaps.
 // Integration files share the ground and keep apart by namespace and node name
 // (ground/world.ts); a file that stops or restarts the apiserver starts a ground of its own
@@ -205,7 +205,7 @@ function count(out: string, key: string): number | undefined {
 
 const files = expand(process.argv.slice(2).length > 0 ? process.argv.slice(2) : DEFAULT_PATTERNS);
 const jobs = plan(files);
-const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 3) || 3);
+const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 4) || 4);
 /** A job that runs past this is interrupted (SIGINT: node --test prints what it was running and
  * its output so far), killed 15 s later if still there, and counted failed. */
 const jobLimitMs = (job: Job) =>
