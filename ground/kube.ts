@@ -22,10 +22,10 @@ type Dispatcher = NonNullable<ReturnType<RequestContext['getDispatcher']>>;
 
 /**
  * A KubeConfig whose API clients share their connections. @kubernetes/client-node 2.0 builds
- * a new undici Agent for every request, so every request opened a TLS connection of its own: a
- * handshake on both sides and the CA parsed again, most of a polling test's CPU and a large
- * share of the apiserver's. The first dispatcher of a cluster and user is kept and used for
- * every later request (keep-alive, as client-go does).
+ * a new undici Agent for every request, so every request opened a TLS connection of its own (a
+ * handshake on both sides, the CA and client credentials loaded again): a quarter to a third of
+ * a polling test process's CPU (docs/test-ground.md "Suite CPU"). The first dispatcher of a
+ * cluster and user is kept and used for every later request (keep-alive, as client-go does).
  */
 export class PooledKubeConfig extends KubeConfig {
   readonly #dispatchers = new Map<string, Dispatcher>();

@@ -5,8 +5,9 @@
 // Scheduling. The unit tests are one job (`node --test`, two files at a time), the simulator
 // tests another; every other file (the integration tests) is a job of its own. Up to
 // VK_TEST_CONCURRENCY jobs (default 4: most integration time is spent waiting on leases,
-// deadlines and tickers, not on the 2 cores; docs/test-ground.md "Suite scheduling") run at once, longest first (the estimates below,
-// measured warm on 2 cores), so the long files start at once and the short ones fill the gaps.
+// deadlines and tickers, not on the 2 cores; docs/test-ground.md "Suite scheduling") run at
+// once, longest first (the estimates below, measured warm on 2 cores), so the long files start
+// at once and the short ones fill the gaps.
 // Integration files share the ground and keep apart by namespace and node name
 // (ground/world.ts); a file that stops or restarts the apiserver starts a ground of its own
 // (useWorld({ privateGround: true })). Each job's output is printed in one block when it ends
