@@ -4,7 +4,7 @@
 //
 // Scheduling. The unit tests are one job (`node --test`, two files at a time), the simulator
 // tests another; every other file (the integration tests) is a job of its own. Up to
-// VK_TEST_CONCURRENCY jobs (default 4: most integration time is spent waiting on leases,
+// VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
 // deadlines and tickers, not on the 2 cores; docs/test-ground.md "Suite scheduling") run at
 // once, longest first (the estimates below, measured warm on 2 cores), so the long files start
 // at once and the short ones fill the gaps.
@@ -206,7 +206,7 @@ function count(out: string, key: string): number | undefined {
 
 const files = expand(process.argv.slice(2).length > 0 ? process.argv.slice(2) : DEFAULT_PATTERNS);
 const jobs = plan(files);
-const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 4) || 4);
+const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 3) || 3);
 /** A job that runs past this is interrupted (SIGINT: node --test prints what it was running and
  * its output so far), killed 15 s later if still there, and counted failed. */
 const jobLimitMs = (job: Job) =>
