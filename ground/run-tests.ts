@@ -2,7 +2,7 @@
 // starts the control plane and the registry, runs the test files several at a time, then
 // stops everything the run started. The ground's logs are kept when a test fails.
 //
-// Scheduling. The unit tests are one job (`node --test`, two files at a time), the simulator
+// Scheduling. The unit tests are one job (`node --test`, all files in one process), the simulator
 // tests another; every other file (the integration tests) is a job of its own. Up to
 // VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
 // deadlines and tickers, not on the 2 cores; docs/test-ground.md "Suite scheduling") run at
@@ -40,7 +40,7 @@ import { installTeardown, openPidRegistry } from './proc.ts';
  * 30). Only the order matters: longest first. The realistic timing world (ground/world.ts) runs in
  * hibernate.test.ts and lease-release.test.ts, their tests at once. */
 const PROFILE: Record<string, { estimate: number }> = {
-  unit: { estimate: 144 },
+  unit: { estimate: 90 },
   'test/integration/virtual-node.test.ts': { estimate: 95 },
   'test/integration/explain.test.ts': { estimate: 70 },
   'test/integration/sac.test.ts': { estimate: 127 },
@@ -109,8 +109,12 @@ process.env.NODE_COMPILE_CACHE ??= join(
 interface Job {
   name: string;
   files: string[];
-  /** `node --test` file concurrency inside the job. */
-  fileConcurrency: number;
+  /**
+   * How `node --test` runs the job's files: `'one process'` imports them all into one
+   * (`--test-isolation=none`: the unit tests, where a process per file was most of their CPU),
+   * a number is the files at a time, each in a process of its own.
+   */
+  filesAtOnce: number | 'one process';
   estimate: number;
   needsGround: boolean;
 }
@@ -150,7 +154,7 @@ function plan(files: string[]): Job[] {
       jobs.push({
         name,
         files: [f],
-        fileConcurrency: 1,
+        filesAtOnce: 1,
         estimate: p?.estimate ?? 30,
         needsGround: true,
       });
@@ -160,7 +164,8 @@ function plan(files: string[]): Job[] {
     const name =
       fs.length === 1 ? relative(repoRoot, fs[0] as string) : `test/${group}/ (${fs.length} files)`;
     const estimate = PROFILE[group]?.estimate ?? 30;
-    jobs.push({ name, files: fs, fileConcurrency: 2, estimate, needsGround: false });
+    const filesAtOnce = group === 'unit' ? 'one process' : 2;
+    jobs.push({ name, files: fs, filesAtOnce, estimate, needsGround: false });
   }
   // Longest first; the order of equal estimates is the file order.
   return jobs.sort((a, b) => b.estimate - a.estimate);
@@ -273,7 +278,12 @@ function runJob(job: Job): Promise<JobResult> {
   const started = Date.now();
   const child = spawn(
     process.execPath,
-    ['--test', '--test-reporter=spec', `--test-concurrency=${job.fileConcurrency}`, ...job.files],
+    [
+      '--test',
+      '--test-reporter=spec',
+      job.filesAtOnce === 'one process' ? '--test-isolation=none' : `--test-concurrency=${job.filesAtOnce}`,
+      ...job.files,
+    ],
     {
       cwd: repoRoot,
       stdio: ['ignore', 'pipe', 'pipe'],

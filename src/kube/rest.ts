@@ -277,6 +277,9 @@ export class RestClient {
         () => req.destroy(new DeadlineError('API watch request', timeoutMs)),
         timeoutMs,
       );
+      // However the request ends (an answer, an error, an abort before the socket was even
+      // assigned), the deadline timer goes with it: left behind it would hold the process.
+      req.on('close', () => clearTimeout(timer));
       req.on('error', (err) => {
         clearTimeout(timer);
         reject(err);

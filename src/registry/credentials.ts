@@ -31,11 +31,11 @@ export function runCredentialHelper(
 ): Promise<Credential | undefined> {
   const program = `docker-credential-${helper}`;
   return new Promise((resolve, reject) => {
-    const child = spawn(program, ['get'], {
-      env,
-      stdio: ['pipe', 'pipe', 'pipe'],
-      timeout: HELPER_TIMEOUT_MS,
-    });
+    const child = spawn(program, ['get'], { env, stdio: ['pipe', 'pipe', 'pipe'] });
+    // Our own deadline rather than spawn's `timeout` option: that one's timer outlives a helper
+    // that never started (ENOENT), holding the process for 15 s.
+    const deadline = setTimeout(() => child.kill('SIGTERM'), HELPER_TIMEOUT_MS);
+    child.on('close', () => clearTimeout(deadline));
     let out = '';
     let err = '';
     child.stdout.setEncoding('utf8').on('data', (t: string) => {
@@ -45,15 +45,16 @@ export function runCredentialHelper(
       err = (err + t).slice(-4096);
     });
     child.stdin.on('error', () => {}); // a helper that exits without reading
-    child.on('error', (e: NodeJS.ErrnoException) =>
+    child.on('error', (e: NodeJS.ErrnoException) => {
+      clearTimeout(deadline);
       reject(
         new Error(
           e.code === 'ENOENT'
             ? `${program} (named by the docker config) is not on PATH`
             : `${program}: ${e.message}`,
         ),
-      ),
-    );
+      );
+    });
     child.on('close', (code, signal) => {
       if (code === 0) {
         try {
