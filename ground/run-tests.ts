@@ -3,11 +3,12 @@
 // stops everything the run started. The ground's logs are kept when a test fails.
 //
 // Scheduling. The unit tests are one job (`node --test`, all files in one process), the simulator
-// tests another; every other file (the integration tests) is a job of its own. Up to
-// VK_TEST_CONCURRENCY jobs (default 3: most integration time is spent waiting on leases,
-// deadlines and tickers, not on the 2 cores; docs/test-ground.md "Suite scheduling") run at
-// once, longest first (the estimates below, measured warm on 2 cores), so the long files start
-// at once and the short ones fill the gaps.
+// tests another; every other file (the integration tests) is a job of its own. VK_TEST_CONCURRENCY
+// jobs (default 3) always run while any wait, longest first (the estimates below, measured warm
+// on 2 cores), so the long files start at once and the short ones fill the gaps; up to two more
+// start while the CPU the running jobs are expected to use leaves room (ground/schedule.ts:
+// most integration time is spent waiting on leases, deadlines and tickers, at a fifth of a core
+// for some files; docs/test-ground.md "Suite scheduling").
 // Integration files share the ground and keep apart by namespace and node name
 // (ground/world.ts); a file that stops or restarts the apiserver starts a ground of its own
 // (useWorld({ privateGround: true })). Each job's output is printed in one block when it ends
@@ -34,53 +35,57 @@ import { sweepDeadOwners } from '../sim/guestnet.ts';
 import { repoRoot } from './cluster.ts';
 import { type Ground, startGround, stopGround } from './ground.ts';
 import { installTeardown, openPidRegistry } from './proc.ts';
+import { pickNext, type Schedulable, scheduleLimits } from './schedule.ts';
 
-/** Wall time of a job in seconds, measured in a full warm run on 2 cores with 3 jobs at once
- * (2026-12-05; fleet-death, probes, lifecycle and the soak after their changes; unknown files:
- * 30). Only the order matters: longest first. The realistic timing world (ground/world.ts) runs in
- * hibernate.test.ts and lease-release.test.ts, their tests at once. */
-const PROFILE: Record<string, { estimate: number }> = {
-  unit: { estimate: 90 },
-  'test/integration/virtual-node.test.ts': { estimate: 95 },
-  'test/integration/explain.test.ts': { estimate: 70 },
-  'test/integration/sac.test.ts': { estimate: 127 },
-  'test/integration/soak.test.ts': { estimate: 125 },
-  'test/integration/hibernate-faults.test.ts': { estimate: 106 },
-  'test/integration/hardening.test.ts': { estimate: 105 },
-  'test/integration/lifecycle-restart.test.ts': { estimate: 87 },
-  'test/integration/lifecycle.test.ts': { estimate: 85 },
-  'test/integration/fleet-death.test.ts': { estimate: 80 },
-  'test/integration/fleet-peer.test.ts': { estimate: 78 },
-  'test/integration/teardown.test.ts': { estimate: 78 },
-  'test/integration/gc-gate.test.ts': { estimate: 73 },
-  sim: { estimate: 60 },
-  'test/integration/top.test.ts': { estimate: 54 },
-  'test/integration/registry-push.test.ts': { estimate: 51 },
-  'test/integration/release.test.ts': { estimate: 44 },
-  'test/integration/authority.test.ts': { estimate: 43 },
-  'test/integration/vm-events.test.ts': { estimate: 38 },
-  'test/integration/probes.test.ts': { estimate: 35 },
-  'test/integration/demo.test.ts': { estimate: 33 },
-  'test/integration/writes.test.ts': { estimate: 29 },
-  'test/integration/hibernate-operator.test.ts': { estimate: 29 },
-  'test/integration/registry-pull.test.ts': { estimate: 27 },
-  'test/integration/hibernate.test.ts': { estimate: 27 },
-  'test/integration/deferred-push.test.ts': { estimate: 24 },
-  'test/integration/registry-v2.test.ts': { estimate: 21 },
-  'test/integration/least-privilege.test.ts': { estimate: 19 },
-  'test/integration/stale-creates.test.ts': { estimate: 19 },
-  'test/integration/authority-registry.test.ts': { estimate: 18 },
-  'test/integration/lease-release.test.ts': { estimate: 14 },
-  'test/integration/bringup.test.ts': { estimate: 13 },
-  'test/integration/run-artifacts.test.ts': { estimate: 13 },
-  'test/integration/fleet.test.ts': { estimate: 12 },
-  'test/integration/startup.test.ts': { estimate: 12 },
-  'test/integration/kubelet-authz.test.ts': { estimate: 9 },
-  'test/integration/ground.test.ts': { estimate: 9 },
-  'test/integration/admission-delete.test.ts': { estimate: 7 },
-  'test/integration/tenant-claims.test.ts': { estimate: 7 },
-  'test/integration/scheduling.test.ts': { estimate: 5 },
+/** Per job: its wall time in seconds and the cores it keeps busy (its CPU time over its wall
+ * time), both measured in a clean-clone CI run on 2 cores (2026-12-06, `cdeb79b`, three jobs at
+ * once; CPU from a cpuacct cgroup per job). The estimate orders the jobs (longest first); the
+ * CPU share decides how many run at once (ground/schedule.ts). Unknown files: 30 s, 0.6 cores.
+ * The realistic timing world (ground/world.ts) runs in hibernate.test.ts and
+ * lease-release.test.ts, their tests at once. */
+const PROFILE: Record<string, Schedulable> = {
+  'test/integration/sac.test.ts': { estimate: 136, cpu: 0.19 },
+  'test/integration/soak.test.ts': { estimate: 132, cpu: 0.64 },
+  'test/integration/hibernate-faults.test.ts': { estimate: 117, cpu: 0.29 },
+  'test/integration/gc-gate.test.ts': { estimate: 107, cpu: 0.17 },
+  'test/integration/hardening.test.ts': { estimate: 107, cpu: 0.19 },
+  'test/integration/fleet-peer.test.ts': { estimate: 105, cpu: 0.38 },
+  'test/integration/teardown.test.ts': { estimate: 97, cpu: 0.92 },
+  'test/integration/lifecycle-restart.test.ts': { estimate: 93, cpu: 0.36 },
+  'test/integration/lifecycle.test.ts': { estimate: 89, cpu: 0.23 },
+  unit: { estimate: 80, cpu: 0.58 },
+  'test/integration/explain.test.ts': { estimate: 80, cpu: 0.32 },
+  sim: { estimate: 73, cpu: 0.76 },
+  'test/integration/virtual-node.test.ts': { estimate: 69, cpu: 0.69 },
+  'test/integration/release.test.ts': { estimate: 64, cpu: 0.67 },
+  'test/integration/fleet-death.test.ts': { estimate: 64, cpu: 0.61 },
+  'test/integration/registry-push.test.ts': { estimate: 57, cpu: 0.6 },
+  'test/integration/top.test.ts': { estimate: 56, cpu: 0.69 },
+  'test/integration/hibernate.test.ts': { estimate: 51, cpu: 0.31 },
+  'test/integration/authority.test.ts': { estimate: 43, cpu: 0.39 },
+  'test/integration/probes.test.ts': { estimate: 36, cpu: 0.22 },
+  'test/integration/registry-v2.test.ts': { estimate: 36, cpu: 0.6 },
+  'test/integration/vm-events.test.ts': { estimate: 33, cpu: 0.28 },
+  'test/integration/hibernate-operator.test.ts': { estimate: 28, cpu: 0.56 },
+  'test/integration/registry-pull.test.ts': { estimate: 28, cpu: 0.36 },
+  'test/integration/demo.test.ts': { estimate: 24, cpu: 0.99 },
+  'test/integration/deferred-push.test.ts': { estimate: 24, cpu: 0.63 },
+  'test/integration/writes.test.ts': { estimate: 22, cpu: 0.28 },
+  'test/integration/least-privilege.test.ts': { estimate: 21, cpu: 0.4 },
+  'test/integration/authority-registry.test.ts': { estimate: 19, cpu: 0.53 },
+  'test/integration/stale-creates.test.ts': { estimate: 18, cpu: 0.71 },
+  'test/integration/fleet.test.ts': { estimate: 18, cpu: 0.69 },
+  'test/integration/lease-release.test.ts': { estimate: 17, cpu: 0.49 },
+  'test/integration/run-artifacts.test.ts': { estimate: 16, cpu: 0.4 },
+  'test/integration/startup.test.ts': { estimate: 15, cpu: 0.59 },
+  'test/integration/bringup.test.ts': { estimate: 14, cpu: 0.54 },
+  'test/integration/kubelet-authz.test.ts': { estimate: 13, cpu: 0.6 },
+  'test/integration/ground.test.ts': { estimate: 13, cpu: 0.57 },
+  'test/integration/admission-delete.test.ts': { estimate: 9, cpu: 0.6 },
+  'test/integration/tenant-claims.test.ts': { estimate: 8, cpu: 0.61 },
+  'test/integration/scheduling.test.ts': { estimate: 6, cpu: 0.72 },
 };
+const UNKNOWN: Schedulable = { estimate: 30, cpu: 0.6 };
 const DEFAULT_PATTERNS = ['test/unit/**/*.test.ts', 'test/sim/**/*.test.ts', 'test/integration/**/*.test.ts'];
 
 // scripts/test.sh sets VK_SUITE_T0 (epoch ms) before setup, typecheck and lint: the summary's
@@ -116,6 +121,7 @@ interface Job {
    */
   filesAtOnce: number | 'one process';
   estimate: number;
+  cpu: number;
   needsGround: boolean;
 }
 
@@ -155,7 +161,8 @@ function plan(files: string[]): Job[] {
         name,
         files: [f],
         filesAtOnce: 1,
-        estimate: p?.estimate ?? 30,
+        estimate: p?.estimate ?? UNKNOWN.estimate,
+        cpu: p?.cpu ?? UNKNOWN.cpu,
         needsGround: true,
       });
     }
@@ -163,9 +170,9 @@ function plan(files: string[]): Job[] {
   for (const [group, fs] of groups) {
     const name =
       fs.length === 1 ? relative(repoRoot, fs[0] as string) : `test/${group}/ (${fs.length} files)`;
-    const estimate = PROFILE[group]?.estimate ?? 30;
+    const { estimate, cpu } = PROFILE[group] ?? UNKNOWN;
     const filesAtOnce = group === 'unit' ? 'one process' : 2;
-    jobs.push({ name, files: fs, filesAtOnce, estimate, needsGround: false });
+    jobs.push({ name, files: fs, filesAtOnce, estimate, cpu, needsGround: false });
   }
   // Longest first; the order of equal estimates is the file order.
   return jobs.sort((a, b) => b.estimate - a.estimate);
@@ -212,6 +219,7 @@ function count(out: string, key: string): number | undefined {
 const files = expand(process.argv.slice(2).length > 0 ? process.argv.slice(2) : DEFAULT_PATTERNS);
 const jobs = plan(files);
 const concurrency = Math.max(1, Number(process.env.VK_TEST_CONCURRENCY ?? 3) || 3);
+const limits = scheduleLimits(concurrency, availableParallelism());
 /** A job that runs past this is interrupted (SIGINT: node --test prints what it was running and
  * its output so far), killed 15 s later if still there, and counted failed. */
 const jobLimitMs = (job: Job) =>
@@ -270,7 +278,11 @@ if (jobs.some((j) => j.needsGround)) {
   );
 }
 say(
-  `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time on ${availableParallelism()} cores: ` +
+  `${files.length} files in ${jobs.length} jobs, ${concurrency} at a time` +
+    (limits.max > concurrency
+      ? ` (up to ${limits.max} while their CPU fits in ${limits.cpuBudget} cores)`
+      : '') +
+    ` on ${availableParallelism()} cores: ` +
     jobs.map((j) => j.name.replace(/^test\/integration\//, '')).join(', '),
 );
 
@@ -352,8 +364,10 @@ await new Promise<void>((resolve) => {
   const queue = [...jobs];
   const pump = () => {
     if (stopping) return;
-    while (running.size < concurrency && queue.length > 0) {
-      const job = queue.shift() as Job;
+    for (;;) {
+      const i = pickNext(queue, [...running.keys()], limits);
+      if (i === undefined) break;
+      const [job] = queue.splice(i, 1) as [Job];
       void runJob(job).then((r) => {
         results.push(r);
         pump();

@@ -24,6 +24,7 @@ import {
   fixture,
   isReady,
   lifecycle,
+  type PodEvent,
   podEvents,
   simVmRecord,
   vmIdOf,
@@ -91,6 +92,17 @@ const terminated = (p: V1Pod) => p.status?.containerStatuses?.[0]?.state?.termin
 function evictionSeen(name: string) {
   return (versions.get(name) ?? []).find(
     (v) => v.type === 'DELETED' || !!v.pod.metadata?.deletionTimestamp || v.pod.status?.phase === 'Failed',
+  );
+}
+
+/** Waits for an event of pod `name` that `match` accepts (events are posted apart from the pod's
+ * writes, so one may land after the pod is gone). */
+async function waitForEvent(name: string, match: (e: PodEvent) => boolean): Promise<void> {
+  await waitFor(
+    `an event of pod ${name}`,
+    async () => (await podEvents(w.core, w.namespace, name)).some(match),
+    15_000,
+    200,
   );
 }
 
@@ -242,11 +254,13 @@ test('crashed twice within 30 s: evicted RestartCooldown, status Failed, the VM 
     calls.some((c) => c.cmd === `vm rm --force ${vmId}`),
     'vm rm --force',
   );
+  // Events are posted apart from the pod's own writes: the pod may be gone before its event.
+  await waitForEvent(
+    'crash-2',
+    (e) => e.type === 'Warning' && e.reason === 'Evicted' && /^RestartCooldown/.test(e.message),
+  );
   const events = await podEvents(w.core, w.namespace, 'crash-2');
   assert.ok(events.some((e) => e.reason === 'VMRestarted'));
-  assert.ok(
-    events.some((e) => e.type === 'Warning' && e.reason === 'Evicted' && /^RestartCooldown/.test(e.message)),
-  );
 });
 
 test('deleted behind our back: evicted VMGone', async (t) => {
@@ -262,8 +276,10 @@ test('deleted behind our back: evicted VMGone', async (t) => {
   assert.ok((first?.at ?? Infinity) - del.at < 5000, 'evicted within 5 s');
   assertFailedWith('gone-1', last?.pod, 'VMGone');
   assert.equal(callsSince(w, from).filter((c) => c.cmd.startsWith('vm start')).length, 0, 'no restart');
-  const events = await podEvents(w.core, w.namespace, 'gone-1');
-  assert.ok(events.some((e) => e.type === 'Warning' && e.reason === 'Evicted' && /^VMGone/.test(e.message)));
+  await waitForEvent(
+    'gone-1',
+    (e) => e.type === 'Warning' && e.reason === 'Evicted' && /^VMGone/.test(e.message),
+  );
   assert.equal(await simVmRecord(w, vmId), undefined);
 });
 
