@@ -159,6 +159,8 @@ export function usesGoogleAdc(
 
 /** The OAuth2 scope of a registry access token (docs/registry.md "Authentication"). */
 const CLOUD_PLATFORM = 'https://www.googleapis.com/auth/cloud-platform';
+/** Given to google-auth-library so it never looks a project up (googleAdcSource says why). */
+const UNUSED_PROJECT = 'vk-cocoon-registry-token-only';
 
 /**
  * Google application default credentials as a registry credential: `oauth2accesstoken` and an
@@ -169,7 +171,10 @@ const CLOUD_PLATFORM = 'https://www.googleapis.com/auth/cloud-platform';
 export function googleAdcSource(log?: Logger): CredentialSource {
   let auth: InstanceType<ReturnType<typeof googleAuthPackage>['GoogleAuth']> | undefined;
   return async (host) => {
-    auth ??= new (googleAuthPackage().GoogleAuth)({ scopes: [CLOUD_PLATFORM] });
+    // A project id of our own, never used: without one the library looks the project up on
+    // every new client (a shell running `gcloud config config-helper`, a Python process, where
+    // gcloud is installed; then the metadata server), and a registry token needs none.
+    auth ??= new (googleAuthPackage().GoogleAuth)({ scopes: [CLOUD_PLATFORM], projectId: UNUSED_PROJECT });
     try {
       const token = await auth.getAccessToken();
       if (!token) throw new Error('no access token');

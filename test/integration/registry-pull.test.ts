@@ -1002,6 +1002,13 @@ describe('fake registry (fault injection)', () => {
     process.env.GCE_METADATA_HOST = `127.0.0.1:${gport}`;
     process.env.GCE_METADATA_IP = `127.0.0.1:${gport}`;
     process.env.HOME = keyDir; // no gcloud user credentials
+    // A `gcloud` first on PATH that leaves a mark: the library must not run it (it would to look
+    // up a project id, which a registry token does not need).
+    const gcloudMark = path.join(keyDir, 'gcloud-ran');
+    fs.writeFileSync(path.join(keyDir, 'gcloud'), `#!/bin/sh\ntouch '${gcloudMark}'\nexit 1\n`, {
+      mode: 0o755,
+    });
+    process.env.PATH = `${keyDir}:${process.env.PATH}`;
     const clients: RegistryClient[] = [];
     try {
       fresh();
@@ -1018,6 +1025,7 @@ describe('fake registry (fault injection)', () => {
         metadataHits.some((p) => p.endsWith('/service-accounts/default/token')),
         metadataHits.join(', '),
       );
+      assert.ok(!metadataHits.some((p) => p.includes('project-id')), 'no project id asked for');
       // `auto` and a registry that is not Google: no Google credential is even fetched.
       process.env.GOOGLE_APPLICATION_CREDENTIALS = keyFile;
       const auto = new RegistryClient({ base: `${fake.host}/cocoon`, googleAdc: 'auto' });
@@ -1029,6 +1037,7 @@ describe('fake registry (fault injection)', () => {
       );
       assert.equal(metadataHits.length, hits, 'nothing asked of the metadata server');
       assert.equal(issued.length, 0, 'nor of a token endpoint');
+      assert.ok(!fs.existsSync(gcloudMark), 'gcloud was never run (no project id lookup)');
     } finally {
       for (const c of clients) c.close();
       for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k];
