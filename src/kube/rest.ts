@@ -277,14 +277,20 @@ export class RestClient {
         () => req.destroy(new DeadlineError('API watch request', timeoutMs)),
         timeoutMs,
       );
+      let answered = false;
       // However the request ends (an answer, an error, an abort before the socket was even
-      // assigned), the deadline timer goes with it: left behind it would hold the process.
-      req.on('close', () => clearTimeout(timer));
+      // assigned), the deadline timer goes with it (left behind it would hold the process), and
+      // the promise is settled: closed without an answer is a failure (a no-op after an error).
+      req.on('close', () => {
+        clearTimeout(timer);
+        if (!answered) reject(new Error('API watch request closed before an answer'));
+      });
       req.on('error', (err) => {
         clearTimeout(timer);
         reject(err);
       });
       req.on('response', (res) => {
+        answered = true;
         clearTimeout(timer);
         const code = res.statusCode ?? 0;
         if (code === 200) {

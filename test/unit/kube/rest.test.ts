@@ -423,3 +423,31 @@ test('an answer cut off mid-body is an error, not a hang', async (t) => {
   assert.ok(!(err instanceof DeadlineError), `${err} (the cut, not the timeout)`);
   assert.equal(apiStatus(err), 0);
 });
+
+test('a watch that ends before its answer settles and leaves no deadline timer behind', async (t) => {
+  const hung: ServerResponse[] = [];
+  const server = createServer((_req, res) => void hung.push(res));
+  await listen(server);
+  t.after(() => {
+    server.closeAllConnections();
+    server.close();
+  });
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
+  const before = timers();
+  // Aborted by its signal while the server has not answered.
+  const rest = new RestClient(access(url), { timeoutMs: 60_000 });
+  t.after(() => rest.close());
+  const ac = new AbortController();
+  const aborted = rest.watch('/api/v1/pods', {}, ac.signal).catch((e: unknown) => e);
+  await untilIo('the watch at the server', () => hung.length === 1);
+  ac.abort();
+  assert.equal(((await aborted) as Error).name, 'AbortError');
+  // Its client closed under it (shutdown) while the server has not answered.
+  const closing = new RestClient(access(url), { timeoutMs: 60_000 });
+  const cut = closing.watch('/api/v1/pods', {}).catch((e: unknown) => e);
+  await untilIo('the second watch at the server', () => hung.length === 2);
+  closing.close();
+  assert.ok((await cut) instanceof Error, 'the watch settles with an error');
+  await untilIo('the requests to close', () => timers() === before);
+});
