@@ -3,7 +3,7 @@
 // `idleKiB`), not the bench's, which also writes the test disk and runs the registry helpers.
 //   node bench/transfer-child.ts '<json job>'
 // The job: {op: 'push' | 'pull', registry: '<host:port>/<prefix>', cocoonBin, repo, tag,
-// localName, baseImage?, spoolDir?, spillDir?, budgetMiB?, readAheadWindowBytes?, v2?,
+// localName, baseImage?, spoolDir?, spillDir?, budgetMiB?, readAheadWindowBytes?, concurrency?, v2?,
 // exportFrom?, discardImport?}; the simulator's environment comes through the process
 // environment. With `exportFrom` (push) or `discardImport` (pull) the transfer runs on the
 // bench's CocoonCli (bench/lib/bench-cli.ts): the export read from a tar file, the import's
@@ -31,6 +31,8 @@ interface Job {
   spillDir?: string;
   budgetMiB?: number;
   readAheadWindowBytes?: number;
+  /** Pull: blob downloads at once (`SNAPSHOT_TRANSFER_CONCURRENCY`). */
+  concurrency?: number;
   /** Push: the v2 writer's settings (`SNAPSHOT_ZSTD_LEVEL`, `SNAPSHOT_CHUNK_SIZE_MIB` in bytes). */
   v2?: V2Format;
   /** Push: the export is this tar file, not a live `cocoon snapshot export`. */
@@ -84,6 +86,7 @@ try {
       budgetMiB: job.budgetMiB,
       spillDir: job.spillDir,
       readAheadWindowBytes: job.readAheadWindowBytes,
+      concurrency: job.concurrency,
       log,
       progressIntervalMs,
     });

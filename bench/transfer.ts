@@ -10,7 +10,8 @@
 // (VK_BENCH_COMPRESSIBLE=<percent>: that share of the extents half zeros, so that zstd has
 // something to compress), writes its `cocoon snapshot export` to a tar file (untimed), then,
 // for v1 and for v2 (the v2 writer at zstd level VK_BENCH_ZSTD_LEVEL, default 3, and chunks of
-// VK_BENCH_CHUNK_MIB, default 64), measures:
+// VK_BENCH_CHUNK_MIB, default 64; pulls read ahead VK_BENCH_PULL_CONCURRENCY blobs at once, default
+// the daemon's SNAPSHOT_TRANSFER_CONCURRENCY default), measures:
 //   - ours, push: pushSnapshot (live `cocoon snapshot export` ⇒ upload ⇒ manifest);
 //   - ours, pull: pullSnapshot into another local name (registry ⇒ verified stream ⇒ cocoon
 //     snapshot import);
@@ -42,6 +43,7 @@ import path from 'node:path';
 import { type RegistryState, startRegistry, stopRegistry } from '../ground/registry.ts';
 import { newSimRoot, type SimRoot } from '../sim/client.ts';
 import { RegistryClient } from '../src/registry/client.ts';
+import { DEFAULT_TRANSFER_CONCURRENCY } from '../src/registry/pull.ts';
 import type { V2Format } from '../src/registry/v2-write.ts';
 import { runBenchChild } from './lib/child.ts';
 import { Bench, envInt, machineLines } from './lib/harness.ts';
@@ -109,6 +111,8 @@ function freeBytes(dir: string): number {
 }
 
 const bench = new Bench('transfer');
+/** Blob downloads at once in the pulls (the daemon's `SNAPSHOT_TRANSFER_CONCURRENCY`). */
+const pullConcurrency = envInt('VK_BENCH_PULL_CONCURRENCY', DEFAULT_TRANSFER_CONCURRENCY);
 bench.run(async () => {
   const crane = await craneBin(repoRoot);
   const sizeList = sizes();
@@ -165,7 +169,7 @@ bench.run(async () => {
     for (const l of machineLines(undefined, bench)) console.log(l);
     console.log(
       `registry: docker-registry (distribution 2.8) on loopback, filesystem storage under ${os.tmpdir()}, a fresh one per size; ` +
-        `v2: zstd level ${v2.zstdLevel}, chunks of ${v2.chunkBytes / MiB} MiB; data ${
+        `v2: zstd level ${v2.zstdLevel}, chunks of ${v2.chunkBytes / MiB} MiB; pulls: ${pullConcurrency} blob downloads at once; data ${
           compressible > 0
             ? `${fmtN(compressible * 100, 0)}% of the extents half zeros, the rest random`
             : 'random'
@@ -308,7 +312,13 @@ async function runSize(
 
         log('ours: pull');
         const copy = `bench-copy-${n}`;
-        const pull = await child({ op: 'pull', repo, localName: copy, spillDir: bench.dir });
+        const pull = await child({
+          op: 'pull',
+          repo,
+          localName: copy,
+          spillDir: bench.dir,
+          concurrency: pullConcurrency,
+        });
         rows.push(ours('pull', 'ours: pull (pullSnapshot)', pull, payload, 'download + verify + import'));
         const removed = await sim.run(['snapshot', 'rm', copy]);
         if (removed.code !== 0) throw new Error(`snapshot rm: ${removed.stderr.trim()}`);
@@ -320,6 +330,7 @@ async function runSize(
           repo,
           localName: `bench-discard-${n}`,
           spillDir: bench.dir,
+          concurrency: pullConcurrency,
           discardImport: true,
         });
         rows.push(
