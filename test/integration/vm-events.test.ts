@@ -204,15 +204,7 @@ test('a ready VM crashed behind our back is restarted; the pod stays the same po
   assert.equal(vm1?.id, vmId, 'the same VM');
   const vmNow = await w.simulator.json<{ pid: number }>(['vm', 'inspect', vmId]);
   assert.notEqual(vmNow.pid, vm0.pid, 'a new VMM process');
-  await waitFor(
-    'Warning VMRestarted',
-    async () =>
-      (await podEvents(w.core, w.namespace, 'crash-1')).some(
-        (e) => e.type === 'Warning' && e.reason === 'VMRestarted',
-      ),
-    15_000,
-    200,
-  );
+  await waitForEvent('crash-1', (e) => e.type === 'Warning' && e.reason === 'VMRestarted');
   const p = await waitForPod(w.core, w.namespace, 'crash-1', 'ready again', (x) => isReady(x), 15_000);
   assert.equal(p.metadata?.uid, uid, 'the same pod');
   assert.equal(p.metadata?.deletionTimestamp, undefined);

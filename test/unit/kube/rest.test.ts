@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import { createServer as createHttpsServer } from 'node:https';
 import type { AddressInfo } from 'node:net';
-import { mock, test } from 'node:test';
+import { mock, type TestContext, test } from 'node:test';
 import type { TLSSocket } from 'node:tls';
 import {
   ApiError,
@@ -266,7 +266,8 @@ test('errors: the HTTP status and the Status message (404, 409, 422), text bodie
   assert.match(apiErrorMessage(err), /ECONNREFUSED/);
 });
 
-test('a request is bounded by its timeout and by its signal', async (t) => {
+/** A server that takes requests and never answers them (closed after the test). */
+async function hungServer(t: TestContext): Promise<{ hung: ServerResponse[]; url: string }> {
   const hung: ServerResponse[] = [];
   const server = createServer((_req, res) => void hung.push(res));
   await listen(server);
@@ -274,7 +275,11 @@ test('a request is bounded by its timeout and by its signal', async (t) => {
     server.closeAllConnections();
     server.close();
   });
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  return { hung, url: `http://127.0.0.1:${(server.address() as AddressInfo).port}` };
+}
+
+test('a request is bounded by its timeout and by its signal', async (t) => {
+  const { hung, url } = await hungServer(t);
   const rest = new RestClient(access(url), { timeoutMs: 100 });
   t.after(() => rest.close());
   // The request timer on mock timers: it fires when the test ticks it to 100 ms, not sooner.
@@ -425,14 +430,7 @@ test('an answer cut off mid-body is an error, not a hang', async (t) => {
 });
 
 test('a watch that ends before its answer settles and leaves no deadline timer behind', async (t) => {
-  const hung: ServerResponse[] = [];
-  const server = createServer((_req, res) => void hung.push(res));
-  await listen(server);
-  t.after(() => {
-    server.closeAllConnections();
-    server.close();
-  });
-  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+  const { hung, url } = await hungServer(t);
   const timers = () => process.getActiveResourcesInfo().filter((r) => r === 'Timeout').length;
   const before = timers();
   // Aborted by its signal while the server has not answered.
