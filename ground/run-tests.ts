@@ -39,8 +39,9 @@ import { pickNext, type Schedulable, scheduleLimits } from './schedule.ts';
 
 /** Per job: its wall time in seconds and the cores it keeps busy (its CPU time over its wall
  * time), both measured in a clean-clone CI run on 2 cores (2026-12-06, `cdeb79b`, three jobs at
- * once; CPU from a cpuacct cgroup per job). The estimate orders the jobs (longest first); the
- * CPU share decides how many run at once (ground/schedule.ts). Unknown files: 30 s, 0.6 cores.
+ * once; CPU from a cpuacct cgroup per job, as `node scripts/suite-cpu.ts npm test` measures it,
+ * as root). The estimate orders the jobs (longest first); the CPU share decides how many run at
+ * once (ground/schedule.ts). Unknown files: 30 s, 0.6 cores.
  * The realistic timing world (ground/world.ts) runs in hibernate.test.ts and
  * lease-release.test.ts, their tests at once. */
 const PROFILE: Record<string, Schedulable> = {
