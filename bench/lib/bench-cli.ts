@@ -13,7 +13,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import { Writable } from 'node:stream';
-import { pipeline } from 'node:stream/promises';
+import { finished, pipeline } from 'node:stream/promises';
 import {
   type CliCallOptions,
   type CliResult,
@@ -132,7 +132,16 @@ export class BenchCli extends CocoonCli {
       },
     });
     try {
-      await pipeline(stdin as Readable, sink, { signal });
+      if (typeof stdin === 'function') {
+        // As the runner: the writer writes and ends the sink; an abort destroys it.
+        const onAbort = () => sink.destroy(signal.reason as Error);
+        signal.addEventListener('abort', onAbort, { once: true });
+        try {
+          await Promise.all([stdin(sink), finished(sink)]);
+        } finally {
+          signal.removeEventListener('abort', onAbort);
+        }
+      } else await pipeline(stdin as Readable, sink, { signal });
     } catch (error) {
       const message = `cocoon snapshot import (discarded): ${(error as Error).message}`;
       throw new CocoonCommandError(argv, message, message, null);

@@ -4,7 +4,7 @@
 // combined output. Error texts match the Go implementation's.
 import { AsyncLocalStorage } from 'node:async_hooks';
 import { type ChildProcess, spawn } from 'node:child_process';
-import type { Readable } from 'node:stream';
+import type { Readable, Writable } from 'node:stream';
 import type { Logger } from '../log.ts';
 import { timeoutSignal } from '../util/deadline.ts';
 import { currentTenant, FairSlots } from '../util/fair.ts';
@@ -52,12 +52,18 @@ export interface CliCallOptions {
   queueTimeoutMs?: number;
   /** Caller-side abort (never a request signal for background work); also ends a wait for a slot. */
   signal?: AbortSignal;
-  stdin?: Buffer | Readable;
+  /** The child's stdin: bytes, a stream piped in, or a writer given the stdin stream itself (it
+   * writes, ends it, and learns from each write's callback when the child's pipe took the bytes;
+   * a rejection destroys stdin). */
+  stdin?: Buffer | Readable | StdinWriter;
   /** `high` calls get a free slot before waiting `normal` ones (default `normal`): calls of
    * pods further along (inspect of a cloned VM, fixup exec) over new clones. Within a level
    * the pod's admission sequence (src/util/priority.ts, from the async context) orders them. */
   priority?: CliPriority;
 }
+
+/** Writes a child's stdin (see {@link CliCallOptions.stdin}). */
+export type StdinWriter = (stdin: Writable) => Promise<void>;
 
 export interface CocoonCliOptions {
   /** Concurrent non-streaming calls (default MAX_CONCURRENT_CLI_CALLS). */
@@ -274,8 +280,11 @@ export class CocoonCli {
     });
     if (opts.stdin !== undefined && child.stdin) {
       child.stdin.on('error', () => {}); // EPIPE when the child exits early; its exit status tells
-      if (Buffer.isBuffer(opts.stdin)) child.stdin.end(opts.stdin);
-      else opts.stdin.pipe(child.stdin);
+      const stdin = child.stdin;
+      if (Buffer.isBuffer(opts.stdin)) stdin.end(opts.stdin);
+      else if (typeof opts.stdin === 'function')
+        opts.stdin(stdin).catch((error: Error) => stdin.destroy(error));
+      else opts.stdin.pipe(stdin);
     }
     const exit = await new Promise<{
       code: number | null;

@@ -6,7 +6,6 @@
  * credential goes over plain HTTP to a non-loopback host. The pure parts (challenge parsing,
  * token URL and answer, the plain-HTTP rule) are auth.ts.
  */
-import type { IncomingMessage } from 'node:http';
 import type { Logger } from '../log.ts';
 import { VERSION } from '../version.ts';
 import {
@@ -20,7 +19,7 @@ import {
   tokenUrl,
 } from './auth.ts';
 import { type CredentialSource, lookupCredential } from './credentials.ts';
-import { RegistryError, readBody, statusError } from './errors.ts';
+import { RegistryError, type RegistryResponse, readBody, statusError } from './errors.ts';
 import type { RegistryBase } from './reference.ts';
 
 const MAX_TOKEN_BODY = 1024 * 1024;
@@ -37,7 +36,7 @@ export type SendRequest = (
   headers: Readonly<Record<string, string>>,
   signal: AbortSignal | undefined,
   body: undefined,
-) => Promise<IncomingMessage>;
+) => Promise<RegistryResponse>;
 
 function tokenKey(repository: string, actions: readonly string[]): string {
   return `${repository}|${[...actions].sort().join(',')}`;

@@ -5,10 +5,9 @@
  * `Authorization`; and a small blob (a config) read whole.
  */
 import { createHash, type Hash } from 'node:crypto';
-import type { IncomingMessage } from 'node:http';
 import { type Readable, Transform, type TransformCallback } from 'node:stream';
 import type { Descriptor } from './artifact.ts';
-import { networkError, RegistryError, statusError } from './errors.ts';
+import { networkError, RegistryError, type RegistryResponse, statusError } from './errors.ts';
 import { blobPath } from './reference.ts';
 import { PIECE_BYTES } from './transfer.ts';
 import type { RegistryTransport } from './transport.ts';
@@ -20,8 +19,9 @@ export const BLOB_RESUMES = 3;
  * Verifies a blob while it streams: counts bytes (failing at the first byte past the
  * descriptor size — no trailing data), hashes with SHA-256, and at the end fails unless both
  * the size and the digest match. The failure arrives before `end`, so a consumer never takes
- * an unverified blob for complete. Chunks are gathered into pieces of {@link PIECE_BYTES}
- * (the last one cut to the blob's end, so every piece is full once the blob's bytes are in).
+ * an unverified blob for complete. Small chunks (node:http reads 64 KiB at a time) are gathered
+ * into pieces of {@link PIECE_BYTES}, each cut to the blob's end, so a piece is full once the
+ * blob's bytes are in; a chunk of a piece or more (bulk-get.ts reads up to 1 MiB) goes on as it is.
  */
 class VerifyingStream extends Transform {
   readonly #digest: string;
@@ -50,11 +50,17 @@ class VerifyingStream extends Transform {
       return;
     }
     this.#hash.update(chunk);
+    if (chunk.length >= PIECE_BYTES) {
+      // A chunk as large as a piece goes on as it is (the same buffer: the pull hands it back
+      // to the read buffers once written, slab-pool.ts), after what was gathered before it.
+      if (this.#piece !== undefined) this.push(this.#piece.subarray(0, this.#filled));
+      this.#piece = undefined;
+      cb(null, chunk);
+      return;
+    }
     let at = 0;
     while (at < chunk.length) {
       if (this.#piece === undefined) {
-        // A chunk as large as a piece goes on as it is.
-        if (at === 0 && chunk.length >= PIECE_BYTES) break;
         this.#piece = Buffer.allocUnsafe(
           Math.min(PIECE_BYTES, this.#size - (this.#seen - chunk.length + at)),
         );
@@ -68,7 +74,7 @@ class VerifyingStream extends Transform {
         this.#piece = undefined;
       }
     }
-    cb(null, at === 0 ? chunk : undefined);
+    cb();
   }
 
   override _flush(cb: TransformCallback): void {
@@ -103,6 +109,7 @@ export async function getBlob(
     repository: name,
     path: blobPath(name, desc.digest),
     followRedirects: true,
+    bulk: true,
     signal,
   });
   if (res.statusCode !== 200) throw await statusError(res, `GET ${what}`);
@@ -127,7 +134,7 @@ export async function getBlob(
   // from where it stopped with `Range: bytes=<n>-`, up to BLOB_RESUMES times; a 200 instead of
   // a 206 (a server without ranges) is read from the start with the bytes we have skipped.
   // The verifier sees one continuous stream, so size and digest still cover every byte.
-  const feed = (body: IncomingMessage, skip: number) => {
+  const feed = (body: RegistryResponse, skip: number) => {
     current = body;
     let toSkip = skip;
     let cut = false;
@@ -155,6 +162,7 @@ export async function getBlob(
         path: blobPath(name, desc.digest),
         headers: { range: `bytes=${seen}-` },
         followRedirects: true,
+        bulk: true,
         signal,
       }).then(
         async (next) => {

@@ -5,9 +5,8 @@
  * chunks, taken from a source as it is read, the digest last; nothing to restart from).
  */
 import { createReadStream } from 'node:fs';
-import type { IncomingMessage } from 'node:http';
 import { Readable } from 'node:stream';
-import { drain, RegistryError, statusError } from './errors.ts';
+import { drain, RegistryError, type RegistryResponse, statusError } from './errors.ts';
 import { blobPath, isDigest } from './reference.ts';
 import { PUSH, type RegistryTransport, type StreamBody } from './transport.ts';
 
@@ -200,7 +199,7 @@ async function startUpload(
 }
 
 /** The `Location` of an upload answer, resolved against the request URL. */
-function uploadLocation(t: RegistryTransport, res: IncomingMessage, current: URL, what: string): URL {
+function uploadLocation(t: RegistryTransport, res: RegistryResponse, current: URL, what: string): URL {
   const location = res.headers.location;
   if (location === undefined || location === '') {
     throw new RegistryError('http', `${what}: answer ${res.statusCode} without Location`, {

@@ -15,7 +15,6 @@
  * "Absent" (404 on a manifest) is a result value; everything else that is not a success is a
  * {@link RegistryError}.
  */
-import type { IncomingMessage } from 'node:http';
 import type { Readable } from 'node:stream';
 import { type Logger, silentLogger } from '../log.ts';
 import type { Descriptor } from './artifact.ts';
@@ -24,7 +23,7 @@ import * as blobRead from './blob-read.ts';
 import type { BlobSource, StreamedBlob, UploadOptions } from './blob-upload.ts';
 import * as blobUpload from './blob-upload.ts';
 import { type CredentialSource, defaultCredentialSources, type GoogleAdcMode } from './credentials.ts';
-import { drain, statusError } from './errors.ts';
+import { drain, type RegistryResponse, statusError } from './errors.ts';
 import type { FetchedManifest, ManifestHead } from './manifests.ts';
 import * as manifests from './manifests.ts';
 import {
@@ -123,6 +122,17 @@ export class RegistryClient {
     return blobRead.getBlob(this.#t, name, desc, signal);
   }
 
+  /** A piece of a blob read by {@link getBlob} has been written where it goes and nothing holds
+   * it any more: its read buffer may be read into again (slab-pool.ts). Other buffers are ignored. */
+  recycle(piece: Buffer): void {
+    this.#t.slabs.release(piece);
+  }
+
+  /** Read buffers made and reused so far (slab-pool.ts; tests and logs). */
+  get readBuffers(): { made: number; reused: number } {
+    return { made: this.#t.slabs.made, reused: this.#t.slabs.reused };
+  }
+
   /** A whole blob in memory (config blobs), refused up front when larger than `maxBytes`. */
   getBlobBytes(
     name: string,
@@ -171,7 +181,7 @@ export class RegistryClient {
    * Sends one request with auth (anonymous or cached credentials first; one retry after a 401
    * challenge) and, when asked, redirects (transport.ts). The caller owns the response body.
    */
-  request(req: RegistryRequest): Promise<IncomingMessage> {
+  request(req: RegistryRequest): Promise<RegistryResponse> {
     return this.#t.request(req);
   }
 }

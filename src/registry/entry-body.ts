@@ -22,7 +22,10 @@ type ZstdDecompress = ReturnType<typeof createZstdDecompress>;
  * buffer. The output buffer is {@link PIECE_BYTES}: zlib's default (16 KiB) cut every input
  * piece into several outputs, each a round trip through the thread pool.
  */
-export async function* unzstd(source: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+export async function* unzstd(
+  source: AsyncIterable<Buffer>,
+  recycle: (chunk: Buffer) => void = () => {},
+): AsyncGenerator<Buffer> {
   const frames = new FrameCutter();
   /** The frames' decompressors in order, opened by the feeder and not yet read. */
   const queue: ZstdDecompress[] = [];
@@ -53,7 +56,12 @@ export async function* unzstd(source: AsyncIterable<Buffer>): AsyncGenerator<Buf
           const { n, ended } = frames.take(chunk, at);
           const piece = n === chunk.length ? chunk : chunk.subarray(at, at + n);
           at += n;
-          if (n > 0 && !z.write(piece)) await once(z, 'drain');
+          // Once the decompressor has taken the chunk's last piece (its write callback: zlib
+          // holds no input after it), the chunk's read buffer may be read into again.
+          const last = at === chunk.length;
+          const taken = last ? (error?: Error | null) => error || recycle(chunk) : undefined;
+          if (n > 0 && !z.write(piece, taken)) await once(z, 'drain');
+          else if (n === 0 && last) recycle(chunk);
           if (ended) {
             z.end();
             z = undefined;
@@ -107,6 +115,7 @@ export class EntryBodyError extends Error {}
 export async function* entryBody(
   entry: TarLayerEntry,
   take: (k: number) => AsyncIterable<Buffer>,
+  recycle?: (chunk: Buffer) => void,
 ): AsyncGenerator<Buffer> {
   const chunked = entry.parts.length > 1;
   let total = 0;
@@ -115,7 +124,7 @@ export async function* entryBody(
     const where = chunked ? `${entry.name} chunk ${k} (${part.layer.digest})` : entry.name;
     let n = 0;
     try {
-      for await (const chunk of part.zstd ? unzstd(take(k)) : take(k)) {
+      for await (const chunk of part.zstd ? unzstd(take(k), recycle) : take(k)) {
         n += chunk.length;
         if (total + n > entry.size)
           throw new EntryBodyError(`${where}: more bytes than the file's size ${entry.size}`);

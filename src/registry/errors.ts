@@ -4,7 +4,8 @@
  * pool, an unexpected status turned into an error (with the OCI error code of its body), a
  * failed exchange turned into a `network` error.
  */
-import type { IncomingMessage } from 'node:http';
+import type { IncomingHttpHeaders } from 'node:http';
+import type { Readable } from 'node:stream';
 
 /**
  * What went wrong: `http` (an unexpected status), `network` (connection refused, reset,
@@ -33,10 +34,19 @@ export class RegistryError extends Error {
   }
 }
 
+/** A registry answer as the readers here see it: node:http's IncomingMessage, or a blob
+ * body read over a connection of its own (bulk-get.ts). */
+export interface RegistryResponse extends Readable {
+  readonly statusCode?: number;
+  readonly headers: IncomingHttpHeaders;
+  /** Every byte of the body arrived. */
+  readonly complete: boolean;
+}
+
 const MAX_ERROR_BODY = 64 * 1024;
 
 /** Reads a whole body, failing once it grows past `max` bytes. */
-export async function readBody(res: IncomingMessage, max: number, what: string): Promise<Buffer> {
+export async function readBody(res: RegistryResponse, max: number, what: string): Promise<Buffer> {
   const chunks: Buffer[] = [];
   let length = 0;
   for await (const chunk of res) {
@@ -51,7 +61,7 @@ export async function readBody(res: IncomingMessage, max: number, what: string):
 }
 
 /** Discards a body so the socket returns to the pool. */
-export function drain(res: IncomingMessage): void {
+export function drain(res: RegistryResponse): void {
   res.on('error', () => {});
   res.resume();
 }
@@ -87,7 +97,7 @@ export function networkError(what: string, error: unknown): RegistryError {
 /** An answer with an unexpected status as a {@link RegistryError} (its body read, capped, for the
  * OCI error code); `kind` defaults to `auth` for 401/403, else `http`. */
 export async function statusError(
-  res: IncomingMessage,
+  res: RegistryResponse,
   what: string,
   kind?: RegistryErrorKind,
 ): Promise<RegistryError> {

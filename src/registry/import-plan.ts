@@ -185,7 +185,7 @@ function chunkParts(
   return { ok: true, value: parts };
 }
 
-// --- Read-ahead planning (docs/registry.md "Pull flow" step 4) ----------------------------------------------------
+// --- Read-ahead planning (docs/registry.md "Pull flow" step 5) ----------------------------------------------------
 
 /** What the read-ahead scheduler knows about the blobs, in the order the tar takes them. */
 export interface ReadAheadState {

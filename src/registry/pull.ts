@@ -22,7 +22,7 @@
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Readable } from 'node:stream';
+import type { Writable } from 'node:stream';
 import type { Header, Pack } from 'tar-stream';
 import { snapshotImportArgv } from '../cocoon/argv.ts';
 import type { SnapshotRecord } from '../cocoon/records.ts';
@@ -156,17 +156,16 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   const progress = new Progress(total);
   const timer = setInterval(() => progress.log(log), opts.progressIntervalMs ?? 5000);
   timer.unref();
+  // A piece of a blob read whose bytes went where they go: its read buffer may be read into again.
+  const recycle = (piece: Buffer) => registry.recycle(piece);
   const pack = tarStream().pack();
-  // cocoon's stdin: the tar as a Node stream. Its errors (the pack destroyed on failure) are
-  // the producer's and are reported from there.
-  const stdin = Readable.from(pack, { objectMode: false });
-  stdin.on('error', () => {});
+  // Its errors (the pack destroyed on failure) are the producer's and are reported from there.
   pack.on('error', () => {});
   const importing = cli
     .run(snapshotImportArgv(localName, config.value.description), {
       timeoutMs: opts.importTimeoutMs ?? PULL_CAP_MS,
       signal,
-      stdin,
+      stdin: (sink) => pumpTar(pack, sink, recycle, signal),
     })
     .catch((error: unknown) => {
       failWith(error);
@@ -189,7 +188,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
     onError: failWith,
     progress,
   });
-  const producing = writeImportTar(pack, envelope, entries.value, readAhead, progress, signal).catch(
+  const producing = writeImportTar(pack, envelope, entries.value, readAhead, progress, recycle, signal).catch(
     (error: unknown) => {
       failWith(error);
       pack.destroy(error as Error);
@@ -293,6 +292,45 @@ async function writeEntry(
   await finished;
 }
 
+/**
+ * The tar into cocoon's stdin, piece by piece; a piece the pipe has taken goes back to the
+ * registry's read buffers (`recycle`, slab-pool.ts): the write callback is the one moment nothing
+ * holds it any more (tar-stream hands body pieces on as they are).
+ */
+export async function pumpTar(
+  pack: Pack,
+  sink: Writable,
+  recycle: (piece: Buffer) => void,
+  signal: AbortSignal,
+): Promise<void> {
+  for await (const piece of pack as AsyncIterable<Buffer>) {
+    const ok = sink.write(piece, (error) => {
+      if (!error) recycle(piece);
+    });
+    if (!ok) await drained(sink, signal);
+  }
+  sink.end();
+}
+
+/** Resolves on `drain`; fails when the stream closes first or the pull aborts. */
+function drained(w: Writable, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const done = (error?: unknown) => {
+      w.off('drain', onDrain);
+      w.off('close', onClose);
+      signal.removeEventListener('abort', onAbort);
+      if (error === undefined) resolve();
+      else reject(error);
+    };
+    const onDrain = () => done();
+    const onClose = () => done(new Error('the import closed its stdin'));
+    const onAbort = () => done(signal.reason);
+    w.on('drain', onDrain);
+    w.on('close', onClose);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
 async function* once(buffer: Buffer): AsyncIterable<Buffer> {
   yield buffer;
 }
@@ -304,6 +342,7 @@ async function writeImportTar(
   entries: readonly TarLayerEntry[],
   readAhead: ReadAhead,
   progress: Progress,
+  recycle: (chunk: Buffer) => void,
   signal: AbortSignal,
 ): Promise<void> {
   const mtime = new Date();
@@ -321,7 +360,7 @@ async function writeImportTar(
     if (entry.pax) header.pax = { ...entry.pax };
     progress.current = entry.name;
     const base = first;
-    const body = entryBody(entry, (k) => readAhead.take(base + k));
+    const body = entryBody(entry, (k) => readAhead.take(base + k), recycle);
     await writeEntry(pack, header, body, signal, (n) => progress.wrote(n));
     first += entry.parts.length;
   }

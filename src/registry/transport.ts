@@ -13,7 +13,6 @@
  * `Authorization` header never reaches another host.
  */
 import type * as Http from 'node:http';
-import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import type { Readable } from 'node:stream';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -22,9 +21,11 @@ import type { Logger } from '../log.ts';
 import { VERSION } from '../version.ts';
 import { parseWwwAuthenticate } from './auth.ts';
 import { RegistryAuthorization } from './authorization.ts';
+import { bulkGet } from './bulk-get.ts';
 import type { CredentialSource } from './credentials.ts';
-import { drain, networkError, RegistryError, statusError } from './errors.ts';
+import { drain, networkError, RegistryError, type RegistryResponse, statusError } from './errors.ts';
 import { type RegistryBase, registryOrigin } from './reference.ts';
+import { SlabPool } from './slab-pool.ts';
 
 // node:http through process.getBuiltinModule, not an ES import: src/kube/rest.ts says why.
 const http = process.getBuiltinModule('node:http');
@@ -43,6 +44,8 @@ export interface RegistryRequest {
   readonly body?: Buffer | StreamBody;
   /** Follow 301/302/303/307/308 (blob GET), dropping `Authorization` for other hosts. */
   readonly followRedirects?: boolean;
+  /** A blob body: a GET sent on a connection of its own (bulk-get.ts), unless a proxy is set. */
+  readonly bulk?: boolean;
   readonly signal?: AbortSignal;
 }
 
@@ -60,6 +63,9 @@ export const PULL: readonly string[] = ['pull'];
 export const PUSH: readonly string[] = ['pull', 'push'];
 /** distribution maps DELETE to the `delete` action of the token scope. */
 export const DELETE: readonly string[] = ['pull', 'push', 'delete'];
+
+/** Proxy settings: with any of them set, blob GETs stay on node:http (bulk-get.ts never proxies). */
+const PROXY_VARIABLES = ['HTTPS_PROXY', 'https_proxy', 'HTTP_PROXY', 'http_proxy', 'NODE_USE_ENV_PROXY'];
 
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
 /** Answers that ask the client to come back later (Too Many Requests, Service Unavailable). */
@@ -109,6 +115,11 @@ export class RegistryTransport {
   readonly #httpAgent: Http.Agent;
   readonly #httpsAgent: https.Agent;
   readonly #auth: RegistryAuthorization;
+  readonly #ca: readonly string[] | undefined;
+  /** Blob GETs go on connections of their own (bulk-get.ts), unless a proxy is configured. */
+  readonly #bulk: boolean;
+  /** The read buffers of blob GETs, reused once the pull hands their pieces back (slab-pool.ts). */
+  readonly slabs = new SlabPool();
 
   constructor(opts: RegistryTransportOptions) {
     this.base = opts.base;
@@ -121,6 +132,8 @@ export class RegistryTransport {
     // token realm on a public host keeps working.
     const ca = opts.ca === undefined ? undefined : [...getCACertificates('default'), opts.ca];
     this.#httpsAgent = new https.Agent({ keepAlive: true, maxFreeSockets, ...(ca ? { ca } : {}) });
+    this.#ca = ca;
+    this.#bulk = !PROXY_VARIABLES.some((v) => process.env[v]);
     this.#auth = new RegistryAuthorization({
       base: this.base,
       credentials: opts.credentials,
@@ -139,18 +152,18 @@ export class RegistryTransport {
    * Sends one request with auth (anonymous or cached credentials first; one retry after a 401
    * challenge) and, when asked, redirects. The caller owns the response body.
    */
-  async request(req: RegistryRequest): Promise<IncomingMessage> {
+  async request(req: RegistryRequest): Promise<RegistryResponse> {
     const actions = req.actions ?? PULL;
     const url = new URL(req.path, this.origin);
     if (url.host !== this.base.host)
       throw new RegistryError('invalid', `request URL ${url.href} is not on the registry host`);
     const baseHeaders: Record<string, string> = { 'user-agent': `vk-cocoon/${VERSION}`, ...req.headers };
     let authorization = await this.#auth.authorization(req.repository, actions, req.signal);
-    let res: IncomingMessage;
+    let res: RegistryResponse;
     let challenged = false;
     for (let busy = 0; ; ) {
       const headers = authorization ? { ...baseHeaders, authorization } : baseHeaders;
-      res = await this.#send(url, req.method, headers, req.signal, req.body);
+      res = await this.#send(url, req.method, headers, req.signal, req.body, req.bulk);
       if (BUSY_STATUS.has(res.statusCode ?? 0) && busy < BUSY_ATTEMPTS - 1) {
         // The registry asks to come back later: after its Retry-After (at most 30 s), else
         // 0.5, 1, 2 s. Every body is replayable (the 401 path sends it again too).
@@ -221,7 +234,14 @@ export class RegistryTransport {
       if (next.host === this.base.host && authorization) headers.authorization = authorization;
       this.log.debug({ from: current.host, to: next.host, status: res.statusCode }, 'following redirect');
       current = next;
-      res = await this.#send(next, req.method === 'HEAD' ? 'HEAD' : 'GET', headers, req.signal, undefined);
+      res = await this.#send(
+        next,
+        req.method === 'HEAD' ? 'HEAD' : 'GET',
+        headers,
+        req.signal,
+        undefined,
+        req.bulk,
+      );
     }
     return res;
   }
@@ -237,7 +257,17 @@ export class RegistryTransport {
     headers: Readonly<Record<string, string>>,
     signal: AbortSignal | undefined,
     body: Buffer | StreamBody | undefined,
-  ): Promise<IncomingMessage> {
+    bulk = false,
+  ): Promise<RegistryResponse> {
+    if (bulk && this.#bulk && method === 'GET' && body === undefined)
+      return bulkGet({
+        url,
+        headers,
+        ca: this.#ca,
+        idleTimeoutMs: this.#idleTimeoutMs,
+        pool: this.slabs,
+        signal,
+      });
     const what = `${method} ${url.host}${url.pathname}`;
     return new Promise((resolve, reject) => {
       if (signal?.aborted) {

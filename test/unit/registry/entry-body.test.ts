@@ -87,6 +87,31 @@ describe('entryBody (registry.md §4.4: chunks decompressed and concatenated in 
     assert.ok(Buffer.concat(out).equals(data.subarray(0, 2 * CHUNK)));
   });
 
+  it('unzstd: every input chunk is handed back (recycle) once the decompressor took it, frame cuts included', async () => {
+    const stream = Buffer.concat([z[0]!.bytes, z[1]!.bytes]);
+    const chunks = [
+      ...(function* () {
+        for (let i = 0; i < stream.length; i += 1000) yield stream.subarray(i, i + 1000);
+      })(),
+    ];
+    const back: Buffer[] = [];
+    async function* source() {
+      for (const [i, c] of chunks.entries()) {
+        // A chunk is handed back only after it was read from the source: never before.
+        assert.ok(back.length <= i, `chunk ${back.length} back before chunk ${i} was read`);
+        yield c;
+      }
+    }
+    const out: Buffer[] = [];
+    for await (const c of unzstd(source(), (chunk) => back.push(chunk))) out.push(c);
+    assert.ok(Buffer.concat(out).equals(data.subarray(0, 2 * CHUNK)));
+    assert.equal(back.length, chunks.length);
+    assert.ok(
+      back.every((c, i) => c === chunks[i]),
+      'the very chunks, in order',
+    );
+  });
+
   describe('unzstd: frames of any size back to back (Node ends its zstd stream after a frame whose output does not fill its buffer)', () => {
     /** A frame of `data` written as a stream: no content size, a window descriptor, a checksum. */
     async function streamedFrame(data: Buffer): Promise<Buffer> {
