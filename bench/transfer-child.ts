@@ -2,25 +2,33 @@
 // is then the transfer's (plus Node.js and the modules it loads, reported separately as
 // `idleKiB`), not the bench's, which also writes the test disk and runs the registry helpers.
 //   node bench/transfer-child.ts '<json job>'
-// The job: {op: 'push' | 'pull', registry: '<host:port>/<prefix>', cocoonBin, repo, tag,
+// The job: {op: 'push' | 'pull' | 'fetch' | 'upload', registry: '<host:port>/<prefix>', cocoonBin, repo, tag,
 // localName, baseImage?, spoolDir?, spillDir?, budgetMiB?, readAheadWindowBytes?, concurrency?, v2?,
 // exportFrom?, discardImport?}; the simulator's environment comes through the process
 // environment. With `exportFrom` (push) or `discardImport` (pull) the transfer runs on the
 // bench's CocoonCli (bench/lib/bench-cli.ts): the export read from a tar file, the import's
-// tar discarded — the registry part alone. Prints one JSON line on stdout: {ms, bytes,
+// tar discarded. `fetch` is the registry part of a pull as the pull reads it: the manifest, then
+// the config and every layer fetched and verified (RegistryClient.getBlob, `concurrency` at
+// once, each piece handed back as it is read), nothing decoded, no tar; `upload` the registry
+// part of a push: the blobs of an OCI layout (`layoutDir`, what `crane pull` wrote) uploaded with
+// RegistryClient.uploadBlob (`concurrency` at once), then the manifest. Prints one JSON line on
+// stdout: {ms, bytes,
 // uploadedBytes?, discardedBytes?, idleKiB, hwmKiB, cpuMs, childrenCpuMs}.
 import fs from 'node:fs';
+import path from 'node:path';
 import { CocoonCli } from '../src/cocoon/runner.ts';
 import { createLogger, silentLogger } from '../src/log.ts';
+import { validateSnapshotManifest } from '../src/registry/artifact.ts';
 import { RegistryClient } from '../src/registry/client.ts';
-import { pullSnapshot } from '../src/registry/pull.ts';
-import { pushSnapshot } from '../src/registry/push.ts';
+import { DEFAULT_TRANSFER_CONCURRENCY, pullSnapshot } from '../src/registry/pull.ts';
+import { DEFAULT_PUSH_CONCURRENCY, pushSnapshot } from '../src/registry/push.ts';
+import { parseReference } from '../src/registry/reference.ts';
 import type { V2Format } from '../src/registry/v2-write.ts';
 import { BenchCli } from './lib/bench-cli.ts';
 import { clockTicks, memOf, parseStatTimes } from './lib/procfs.ts';
 
 interface Job {
-  op: 'push' | 'pull';
+  op: 'push' | 'pull' | 'fetch' | 'upload';
   registry: string;
   cocoonBin: string;
   repo: string;
@@ -39,6 +47,72 @@ interface Job {
   exportFrom?: string;
   /** Pull: the import's tar is read and discarded, no `cocoon snapshot import`. */
   discardImport?: boolean;
+  /** Upload: the OCI layout whose blobs and manifest go up. */
+  layoutDir?: string;
+}
+
+/** Runs `work` over `items`, `n` at a time. */
+async function eachAtOnce<T>(
+  items: readonly T[],
+  n: number,
+  work: (item: T) => Promise<void>,
+): Promise<void> {
+  let next = 0;
+  const lane = async () => {
+    while (next < items.length) await work(items[next++] as T);
+  };
+  await Promise.all(Array.from({ length: Math.max(1, Math.min(n, items.length)) }, lane));
+}
+
+/** `fetch`: every blob of the artifact fetched and verified; the bytes read. */
+async function fetchAll(
+  registry: RegistryClient,
+  repo: string,
+  tag: string,
+  concurrency: number,
+): Promise<number> {
+  const name = registry.repository(repo);
+  const fetched = await registry.getManifest(name, parseReference(tag));
+  if (fetched === 'absent') throw new Error(`${repo}:${tag} is absent`);
+  const m = validateSnapshotManifest(fetched.document);
+  if (!m.ok) throw new Error(m.error);
+  let bytes = fetched.bytes.length;
+  await eachAtOnce([m.value.config, ...m.value.layers], concurrency, async (d) => {
+    for await (const piece of await registry.getBlob(name, d)) {
+      bytes += (piece as Buffer).length;
+      registry.recycle(piece as Buffer);
+    }
+  });
+  return bytes;
+}
+
+/** `upload`: an OCI layout's manifest and its blobs into `repo:tag`; the bytes sent. */
+async function uploadLayout(
+  registry: RegistryClient,
+  layoutDir: string,
+  repo: string,
+  tag: string,
+  concurrency: number,
+): Promise<number> {
+  const name = registry.repository(repo);
+  const blobFile = (digest: string) => path.join(layoutDir, 'blobs', ...digest.split(':'));
+  const index = JSON.parse(fs.readFileSync(path.join(layoutDir, 'index.json'), 'utf8')) as {
+    manifests: { digest: string; mediaType: string }[];
+  };
+  const top = index.manifests[0];
+  if (!top) throw new Error(`${layoutDir}: no manifest`);
+  const manifestBytes = fs.readFileSync(blobFile(top.digest));
+  const manifest = JSON.parse(manifestBytes.toString()) as {
+    config: { digest: string; size: number };
+    layers: { digest: string; size: number }[];
+  };
+  let bytes = manifestBytes.length;
+  await eachAtOnce([manifest.config, ...manifest.layers], concurrency, async (d) => {
+    await registry.uploadBlob(name, { digest: d.digest, size: d.size, file: blobFile(d.digest) });
+    bytes += d.size;
+  });
+  await registry.putManifest(name, tag, manifestBytes, top.mediaType);
+  return bytes;
 }
 
 const job = JSON.parse(process.argv[2] ?? '{}') as Job;
@@ -61,7 +135,17 @@ try {
   const t0 = performance.now();
   let bytes = 0;
   let uploadedBytes: number | undefined;
-  if (job.op === 'push') {
+  if (job.op === 'fetch') {
+    bytes = await fetchAll(registry, job.repo, job.tag, job.concurrency ?? DEFAULT_TRANSFER_CONCURRENCY);
+  } else if (job.op === 'upload') {
+    bytes = await uploadLayout(
+      registry,
+      job.layoutDir ?? '',
+      job.repo,
+      job.tag,
+      job.concurrency ?? DEFAULT_PUSH_CONCURRENCY,
+    );
+  } else if (job.op === 'push') {
     const r = await pushSnapshot({
       registry,
       cli,

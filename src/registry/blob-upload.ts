@@ -4,8 +4,7 @@
  * a final PUT; 416 restarts the upload, {@link UploadRestart}); a streamed upload (one PATCH, or
  * chunks, taken from a source as it is read, the digest last; nothing to restart from).
  */
-import { createReadStream } from 'node:fs';
-import { Readable } from 'node:stream';
+import type { Readable } from 'node:stream';
 import { drain, RegistryError, type RegistryResponse, statusError } from './errors.ts';
 import { blobPath, isDigest } from './reference.ts';
 import { PUSH, type RegistryTransport, type StreamBody } from './transport.ts';
@@ -44,12 +43,6 @@ const MAX_UPLOAD_RESTARTS = 3;
 
 /** A 416 or an unexpected upload offset: the upload session is started over. */
 class UploadRestart extends Error {}
-
-/** `length` bytes of a file from `start` (a chunk or a whole spooled layer). */
-function fileRange(file: string, start: number, length: number): Readable {
-  if (length === 0) return Readable.from([]);
-  return createReadStream(file, { start, end: start + length - 1, highWaterMark: 1024 * 1024 });
-}
 
 /**
  * `HEAD` a blob: true when the repository has it, false on 404 (the push then uploads it).
@@ -262,7 +255,7 @@ async function uploadWhole(
 ): Promise<void> {
   const location = await startUpload(t, name, signal);
   const body: Buffer | StreamBody =
-    'bytes' in blob ? blob.bytes : { length: blob.size, open: () => fileRange(blob.file, 0, blob.size) };
+    'bytes' in blob ? blob.bytes : { length: blob.size, file: blob.file, start: 0 };
   await finishUpload(t, name, location, blob, body, signal);
   onBytes(blob.size);
 }
@@ -278,7 +271,7 @@ async function uploadChunked(
   let location = await startUpload(t, name, signal);
   for (let offset = 0; offset < blob.size; ) {
     const end = Math.min(blob.size, offset + chunk) - 1;
-    const body = { length: end - offset + 1, open: () => fileRange(blob.file, offset, end - offset + 1) };
+    const body: StreamBody = { length: end - offset + 1, file: blob.file, start: offset };
     location = await patch(t, name, location, body, blob.digest, offset, end, signal);
     onBytes(end - offset + 1);
     offset = end + 1;

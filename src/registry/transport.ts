@@ -24,6 +24,7 @@ import { RegistryAuthorization } from './authorization.ts';
 import { bulkGet } from './bulk-get.ts';
 import type { CredentialSource } from './credentials.ts';
 import { drain, networkError, RegistryError, type RegistryResponse, statusError } from './errors.ts';
+import { writeFileRange } from './file-body.ts';
 import { type RegistryBase, registryOrigin } from './reference.ts';
 import { SlabPool } from './slab-pool.ts';
 
@@ -53,10 +54,10 @@ export interface RegistryRequest {
  * A request body streamed from somewhere else (a spooled layer file): `open` is called once per
  * send (again after a 401 challenge) and must yield exactly `length` bytes.
  */
-export interface StreamBody {
-  readonly length: number;
-  readonly open: () => Readable;
-}
+export type StreamBody =
+  | { readonly length: number; readonly open: () => Readable }
+  /** A range of a file, sent through reused buffers (file-body.ts). */
+  | { readonly length: number; readonly file: string; readonly start: number };
 
 /** Token actions: reads; uploads and manifest PUT; DELETE. */
 export const PULL: readonly string[] = ['pull'];
@@ -289,6 +290,10 @@ export class RegistryTransport {
       req.on('error', (error) => reject(networkError(what, error)));
       if (body === undefined || Buffer.isBuffer(body)) {
         req.end(body);
+        return;
+      }
+      if ('file' in body) {
+        writeFileRange(req, body.file, body.start, body.length).catch((error: Error) => req.destroy(error));
         return;
       }
       let source: Readable;
