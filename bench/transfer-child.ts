@@ -11,7 +11,7 @@
 // the config and every layer fetched and verified (RegistryClient.getBlob, `concurrency` at
 // once, each piece handed back as it is read), nothing decoded, no tar; `upload` the registry
 // part of a push: the blobs of an OCI layout (`layoutDir`, what `crane pull` wrote) uploaded with
-// RegistryClient.uploadBlob (`concurrency` at once), then the manifest. Prints one JSON line on
+// RegistryClient.uploadBlob (`concurrency` at once, one request each), then the manifest. Prints one JSON line on
 // stdout: {ms, bytes,
 // uploadedBytes?, discardedBytes?, idleKiB, hwmKiB, cpuMs, childrenCpuMs}.
 import fs from 'node:fs';
@@ -108,7 +108,13 @@ async function uploadLayout(
   };
   let bytes = manifestBytes.length;
   await eachAtOnce([manifest.config, ...manifest.layers], concurrency, async (d) => {
-    await registry.uploadBlob(name, { digest: d.digest, size: d.size, file: blobFile(d.digest) });
+    // One request per blob, as the push sends a large file (one streamed PATCH): 64 MiB PATCH
+    // chunks are for a spooled file only, and distribution then hashes the file again at the PUT.
+    await registry.uploadBlob(
+      name,
+      { digest: d.digest, size: d.size, file: blobFile(d.digest) },
+      { chunkBytes: Math.max(1, d.size) },
+    );
     bytes += d.size;
   });
   await registry.putManifest(name, tag, manifestBytes, top.mediaType);

@@ -253,21 +253,7 @@ type EntrySink = ReturnType<Pack['entry']>;
 /** Writes a chunk; waits until `w` can take more, or fails when it closes or the pull aborts. */
 function writeChunk(w: EntrySink, chunk: Buffer, signal: AbortSignal): Promise<void> {
   if (w.write(chunk)) return Promise.resolve();
-  return new Promise((resolve, reject) => {
-    const done = (error?: unknown) => {
-      w.off('drain', onDrain);
-      w.off('close', onClose);
-      signal.removeEventListener('abort', onAbort);
-      if (error === undefined) resolve();
-      else reject(error);
-    };
-    const onDrain = () => done();
-    const onClose = () => done(new Error('tar stream closed'));
-    const onAbort = () => done(signal.reason);
-    w.on('drain', onDrain);
-    w.on('close', onClose);
-    signal.addEventListener('abort', onAbort, { once: true });
-  });
+  return drained(w, signal, 'tar stream closed');
 }
 
 async function writeEntry(
@@ -307,13 +293,19 @@ export async function pumpTar(
     const ok = sink.write(piece, (error) => {
       if (!error) recycle(piece);
     });
-    if (!ok) await drained(sink, signal);
+    if (!ok) await drained(sink, signal, 'the import closed its stdin');
   }
   sink.end();
 }
 
-/** Resolves on `drain`; fails when the stream closes first or the pull aborts. */
-function drained(w: Writable, signal: AbortSignal): Promise<void> {
+/** A Node or a streamx writable, as far as waiting for room goes. */
+interface Drainable {
+  on(event: 'drain' | 'close', listener: () => void): unknown;
+  off(event: 'drain' | 'close', listener: () => void): unknown;
+}
+
+/** Resolves on `drain`; fails with `closed` when the stream closes first, or when the pull aborts. */
+function drained(w: Drainable, signal: AbortSignal, closed: string): Promise<void> {
   return new Promise((resolve, reject) => {
     const done = (error?: unknown) => {
       w.off('drain', onDrain);
@@ -323,7 +315,7 @@ function drained(w: Writable, signal: AbortSignal): Promise<void> {
       else reject(error);
     };
     const onDrain = () => done();
-    const onClose = () => done(new Error('the import closed its stdin'));
+    const onClose = () => done(new Error(closed));
     const onAbort = () => done(signal.reason);
     w.on('drain', onDrain);
     w.on('close', onClose);

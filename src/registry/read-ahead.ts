@@ -17,6 +17,41 @@ import { MiB } from './transfer.ts';
 export const DEFAULT_READ_AHEAD_WINDOW_BYTES = 256 * 1024;
 /** Spilled bytes are written in batches of about this size, and read back in pieces of it. */
 const SPILL_IO_BYTES = 1 * MiB;
+/**
+ * Longest a read-ahead download waits at its full window (its socket paused) while the tar
+ * writer is busy rather than starved; after it, the download spills freely. Far below the
+ * registry client's 120 s idle timeout and a front end's patience with a paused stream.
+ */
+export const READ_AHEAD_PARK_MS = 5000;
+
+/**
+ * Whether the tar writer is starved (docs/registry.md "Pull flow" step 5): it waits for bytes of
+ * the blob it is writing. Only then is downloading ahead worth a spill file: when the writer is
+ * busy (cocoon, or v2's decompression, sets the pace), bytes spilled ahead are written to disk
+ * and read back for nothing, so a read-ahead download at its full window waits instead
+ * ({@link SpillBlob}), at most {@link READ_AHEAD_PARK_MS}.
+ */
+export class SpillGate {
+  #starved = false;
+  readonly #waiting = new Set<() => void>();
+
+  get starved(): boolean {
+    return this.#starved;
+  }
+
+  /** The tar writer starts (true) or stops (false) waiting for the head's bytes. */
+  starve(on: boolean): void {
+    this.#starved = on;
+    if (!on) return;
+    for (const wake of [...this.#waiting]) wake();
+  }
+
+  /** Calls `wake` the next time the tar writer starves; returns the cancel. */
+  onStarve(wake: () => void): () => void {
+    this.#waiting.add(wake);
+    return () => this.#waiting.delete(wake);
+  }
+}
 
 /** A piece of a blob held in memory, at byte offset `pos` of the blob. */
 interface Held {
@@ -61,11 +96,18 @@ export class SpillBlob {
   #readerSignals = 0;
   /** Bytes that went through the spill file (for tests and logs). */
   spilledBytes = 0;
+  /** When bytes past the window may spill; none: always. */
+  readonly #gate: SpillGate | undefined;
+  /** It waited {@link READ_AHEAD_PARK_MS} at its window once: it spills freely from then on. */
+  #parkedOut = false;
 
-  /** `spillFile` names a new, not yet existing file for this blob's spill. */
-  constructor(opts: { window: number; spillFile: () => Promise<string> }) {
+  /** `spillFile` names a new, not yet existing file for this blob's spill; with a `gate`, bytes
+   * past the window spill only while the tar writer starves, or after the download has waited
+   * {@link READ_AHEAD_PARK_MS} at its window. */
+  constructor(opts: { window: number; spillFile: () => Promise<string>; gate?: SpillGate }) {
     this.#window = Math.max(1, opts.window);
     this.#spillFile = opts.spillFile;
+    this.#gate = opts.gate;
   }
 
   get closed(): boolean {
@@ -99,6 +141,25 @@ export class SpillBlob {
         continue;
       }
       if (this.#memBytes <= this.#window) return;
+      const gate = this.#gate;
+      if (gate !== undefined && !gate.starved && !this.#parkedOut) {
+        // The writer is busy: wait here (the socket pauses) until it starves, this blob's turn
+        // comes, the pull ends, or the park runs out.
+        let timer: NodeJS.Timeout | undefined;
+        let cancel = () => {};
+        await new Promise<void>((resolve) => {
+          this.#wakeProducer = resolve;
+          cancel = gate.onStarve(resolve);
+          timer = setTimeout(() => {
+            this.#parkedOut = true;
+            resolve();
+          }, READ_AHEAD_PARK_MS);
+        });
+        clearTimeout(timer);
+        cancel();
+        this.#wakeProducer = undefined;
+        continue;
+      }
       await this.#spill();
     }
   }
@@ -191,9 +252,11 @@ export class SpillBlob {
           if (this.#done && this.#consumed === this.#produced) return;
           // Something arrived while #next looked (it awaits): look again rather than sleep.
           if (this.#readerSignals !== seen) continue;
+          this.#gate?.starve(true);
           await new Promise<void>((resolve) => {
             this.#wakeReader = resolve;
           });
+          this.#gate?.starve(false);
           continue;
         }
         this.#consumed += piece.length;
@@ -278,6 +341,8 @@ export class ReadAhead {
   #head = -1;
   #inFlight = 0;
   #reserved = 0;
+  /** Whether the tar writer waits for the head's bytes: read-ahead downloads spill only then. */
+  readonly #gate = new SpillGate();
 
   constructor(o: ReadAheadOptions) {
     this.#o = o;
@@ -300,13 +365,26 @@ export class ReadAhead {
     this.#started.add(i);
     this.#inFlight++;
     this.#schedule();
+    let it: AsyncIterator<Buffer> | undefined;
     try {
+      // The writer starves while the head connects, and whenever it asks for bytes the stream
+      // does not hold yet.
+      this.#gate.starve(true);
       const stream = await this.#o.fetch(this.#o.blobs[i]!);
-      for await (const chunk of stream) {
-        this.#o.progress.downloaded(chunk.length);
-        yield chunk as Buffer;
+      it = stream[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
+      for (;;) {
+        const starved = stream.readableLength === 0;
+        this.#gate.starve(starved);
+        const next = await it.next();
+        if (starved) this.#gate.starve(false);
+        if (next.done) break;
+        this.#o.progress.downloaded(next.value.length);
+        yield next.value;
       }
+      it = undefined;
     } finally {
+      this.#gate.starve(false);
+      await it?.return?.();
       this.#inFlight--;
       this.#schedule();
     }
@@ -338,7 +416,11 @@ export class ReadAhead {
 
   #start(i: number): void {
     const size = this.#sizes[i]!;
-    const blob = new SpillBlob({ window: this.#o.windowBytes, spillFile: this.#o.spillFile });
+    const blob = new SpillBlob({
+      window: this.#o.windowBytes,
+      spillFile: this.#o.spillFile,
+      gate: this.#gate,
+    });
     this.#started.add(i);
     this.#buffers.set(i, blob);
     this.#inFlight++;

@@ -7,8 +7,9 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import { PassThrough } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
-import { SpillBlob } from '../../../src/registry/read-ahead.ts';
+import { READ_AHEAD_PARK_MS, ReadAhead, SpillBlob, SpillGate } from '../../../src/registry/read-ahead.ts';
 
 const KiB = 1024;
 
@@ -152,5 +153,132 @@ describe('SpillBlob (pull read-ahead)', () => {
       spillFile: async () => path.join(dir, 'no-such-dir', 'spill'),
     });
     await assert.rejects(blob.push(randomBytes(64 * KiB)), /read-ahead spill: .*ENOENT/);
+  });
+
+  describe('with a SpillGate: bytes past the window spill only while the tar writer starves', () => {
+    const turns = async (n = 5) => {
+      for (let i = 0; i < n; i++) await new Promise((r) => setImmediate(r));
+    };
+
+    it('the writer busy: a download past its window waits and spills nothing; the writer starving lets it spill', async () => {
+      const gate = new SpillGate();
+      const blob = new SpillBlob({ window: 64 * KiB, spillFile, gate });
+      const chunks = [randomBytes(60 * KiB), randomBytes(60 * KiB), randomBytes(60 * KiB)];
+      await blob.push(chunks[0]!);
+      let pushed = false;
+      const second = blob.push(chunks[1]!).then(() => {
+        pushed = true;
+      });
+      await turns();
+      assert.equal(pushed, false, 'past the window while the writer is busy: the download waits');
+      assert.equal(blob.spilledBytes, 0);
+      gate.starve(true);
+      await second;
+      assert.ok(blob.spilledBytes > 0, 'the writer starves: the window spills');
+      await blob.push(chunks[2]!); // still starved: spills without waiting
+      blob.end();
+      gate.starve(false);
+      assert.deepEqual(await collect(blob), Buffer.concat(chunks));
+    });
+
+    it('its turn coming wakes it: the reader takes the window, nothing spills', async () => {
+      const gate = new SpillGate();
+      const blob = new SpillBlob({ window: 64 * KiB, spillFile, gate });
+      const chunks = [randomBytes(60 * KiB), randomBytes(60 * KiB)];
+      await blob.push(chunks[0]!);
+      const second = blob.push(chunks[1]!);
+      await turns();
+      const reading = collect(blob);
+      await second;
+      blob.end();
+      assert.deepEqual(await reading, Buffer.concat(chunks));
+      assert.equal(blob.spilledBytes, 0);
+    });
+
+    it('the reader waiting for bytes starves the gate, and bytes arriving end it', async () => {
+      const gate = new SpillGate();
+      const blob = new SpillBlob({ window: 64 * KiB, spillFile, gate });
+      const reader = blob.drain(() => {})[Symbol.asyncIterator]();
+      const first = reader.next();
+      await turns();
+      assert.equal(gate.starved, true);
+      await blob.push(randomBytes(10));
+      await first;
+      assert.equal(gate.starved, false);
+      blob.end();
+      assert.equal((await reader.next()).done, true);
+    });
+
+    it(`after ${READ_AHEAD_PARK_MS} ms at its window the download spills freely, the writer busy or not`, async (t) => {
+      t.mock.timers.enable({ apis: ['setTimeout'] });
+      const gate = new SpillGate();
+      const blob = new SpillBlob({ window: 64 * KiB, spillFile, gate });
+      const chunks = Array.from({ length: 4 }, () => randomBytes(60 * KiB));
+      await blob.push(chunks[0]!);
+      let pushed = false;
+      const second = blob.push(chunks[1]!).then(() => {
+        pushed = true;
+      });
+      await turns();
+      t.mock.timers.tick(READ_AHEAD_PARK_MS - 1);
+      await turns();
+      assert.equal(pushed, false);
+      t.mock.timers.tick(1);
+      await second;
+      for (const c of chunks.slice(2)) await blob.push(c); // no more waiting, no timer
+      assert.ok(blob.spilledBytes >= 3 * 60 * KiB - 64 * KiB, `${blob.spilledBytes} spilled`);
+      blob.end();
+      assert.deepEqual(await collect(blob), Buffer.concat(chunks));
+    });
+
+    it('ReadAhead: a download ahead spills while the writer waits for the head, and waits while the writer is busy', async () => {
+      const spills: string[] = [];
+      const streams = [new PassThrough(), new PassThrough()];
+      const part = (size: number, n: number) => ({
+        zstd: false,
+        layer: {
+          mediaType: 'x',
+          digest: `sha256:${String(n).repeat(64)}`,
+          size,
+          annotations: {},
+          title: `f${n}`,
+        },
+      });
+      const readAhead = new ReadAhead({
+        blobs: [part(20, 1), part(400 * KiB, 2)],
+        fetch: async (p) => streams[p.layer.title === 'f1' ? 0 : 1]!,
+        budgetBytes: 1024 * KiB,
+        concurrency: 2,
+        windowBytes: 64 * KiB,
+        spillFile: async () => {
+          const f = await spillFile();
+          spills.push(f);
+          return f;
+        },
+        onError: (e) => assert.fail(String(e)),
+        progress: { downloaded: () => {} },
+      });
+      const head = readAhead.take(0)[Symbol.asyncIterator]();
+      // The head has bytes waiting and the writer has not asked: it is busy. The blob ahead fills
+      // its window and waits.
+      streams[0]!.write(Buffer.alloc(10, 1));
+      const first = await head.next();
+      assert.equal(first.value.length, 10);
+      streams[1]!.write(randomBytes(200 * KiB));
+      await turns();
+      assert.equal(spills.length, 0, 'the writer is busy: nothing spills');
+      // The writer asks for the head's next bytes and none are there: it starves; the blob spills.
+      const second = head.next();
+      for (let i = 0; i < 50 && spills.length === 0; i++) await turns();
+      assert.equal(spills.length, 1, 'the writer starves: the blob ahead spills');
+      streams[0]!.end(Buffer.alloc(10, 2));
+      assert.equal((await second).value.length, 10);
+      assert.equal((await head.next()).done, true);
+      streams[1]!.end(randomBytes(200 * KiB));
+      let got = 0;
+      for await (const piece of readAhead.take(1)) got += piece.length;
+      assert.equal(got, 400 * KiB);
+      await readAhead.dispose();
+    });
   });
 });
