@@ -171,10 +171,11 @@ export function bulkGet(o: BulkGetOptions): Promise<BulkResponse> {
           servername: net.isIP(host) ? undefined : host,
           ALPNProtocols: ['http/1.1'],
           ...(o.ca ? { ca: [...o.ca] } : {}),
-          // tls.connect takes net.Socket's `onread` (Node's docs), which @types/node leaves out.
-          ...({ onread } as object),
+          // tls.connect takes net.Socket's `onread` and `allowHalfOpen` (Node's docs), which
+          // @types/node leaves out of its options.
+          ...({ onread, allowHalfOpen: true } as object),
         })
-      : net.connect({ host, port, onread });
+      : net.connect({ host, port, onread, allowHalfOpen: true });
     const res = new BulkResponse(socket);
     let answered = false;
     let pending: Buffer | undefined;
@@ -304,6 +305,9 @@ export function bulkGet(o: BulkGetOptions): Promise<BulkResponse> {
       socket.destroy(new RegistryError('network', `${what}: no data for ${o.idleTimeoutMs} ms`)),
     );
     socket.on('error', (error) => fail(error));
+    // Half-open allowed: Node then never shuts our side down on the server's FIN (a shutdown
+    // request on a socket destroyed in its own read callback was left pending, and a test process
+    // spun in its exit waiting for it); every end of the answer destroys the socket here instead.
     socket.on('end', onEnd);
     socket.on('close', () => {
       signal?.removeEventListener('abort', onAbort);

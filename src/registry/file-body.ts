@@ -6,8 +6,19 @@
  * costs here (slab-pool.ts, `npm run bench:blob-read`); the request is the only consumer, so
  * the ownership that a stream cannot express is plain here.
  */
-import { open } from 'node:fs/promises';
+import { close, open, read } from 'node:fs';
 import type { Writable } from 'node:stream';
+
+// The callback API, as fs.createReadStream uses it (not FileHandle), wrapped by hand: node:util's
+// promisify would load worker_threads at the daemon's start (test/unit/shape/startup-modules).
+const openFile = (path: string) =>
+  new Promise<number>((resolve, reject) => open(path, 'r', (e, fd) => (e ? reject(e) : resolve(fd))));
+const readFile = (fd: number, buf: Buffer, length: number, position: number) =>
+  new Promise<number>((resolve, reject) =>
+    read(fd, buf, 0, length, position, (e, n) => (e ? reject(e) : resolve(n))),
+  );
+const closeFile = (fd: number) =>
+  new Promise<void>((resolve, reject) => close(fd, (e) => (e ? reject(e) : resolve())));
 
 /** Buffers in flight: one being read while the others are written. */
 const BUFFERS = 3;
@@ -21,7 +32,7 @@ export async function writeFileRange(
   start: number,
   length: number,
 ): Promise<void> {
-  const handle = await open(file, 'r');
+  const fd = await openFile(file);
   try {
     const free: Buffer[] = Array.from({ length: Math.min(BUFFERS, Math.ceil(length / BUFFER_BYTES)) }, () =>
       Buffer.allocUnsafe(BUFFER_BYTES),
@@ -44,7 +55,7 @@ export async function writeFileRange(
           await new Promise<void>((resolve) => (wake = resolve));
         if (failure !== undefined) throw failure;
         const buf = free.pop() as Buffer;
-        const { bytesRead } = await handle.read(buf, 0, Math.min(BUFFER_BYTES, left), pos);
+        const bytesRead = await readFile(fd, buf, Math.min(BUFFER_BYTES, left), pos);
         if (bytesRead === 0) throw new Error(`${file} ended at byte ${pos}, before ${start + length}`);
         if (req.destroyed) failure ??= new Error('the request closed before its body was sent');
         if (failure !== undefined) throw failure;
@@ -61,6 +72,6 @@ export async function writeFileRange(
       req.off('close', onClose);
     }
   } finally {
-    await handle.close();
+    await closeFile(fd);
   }
 }

@@ -7,7 +7,7 @@
 //   proxy.refuseManifestPut(400);          // PUT .../manifests/<ref> ⇒ 400 MANIFEST_INVALID, not forwarded
 //   await proxy.down();                    // connections refused (ECONNREFUSED); down('reset') accepts and resets
 //   proxy.downAfterUploadBytes(1 << 20);   // goes down once 1 MiB of blob upload bodies went through
-//   proxy.cutNextBlobDownloadAt(0.5);      // resets the next full blob GET after half its bytes
+//   proxy.cutNextBlobDownloadAt(0.5);      // closes the next full blob GET's connection after half its bytes
 //   await proxy.up();                      // back on the same port
 //   proxy.clear();                         // no rules, proxy up state unchanged
 //   proxy.requests                         // [{method, path, status}] in arrival order (status or 'refused'/'reset')
@@ -27,7 +27,7 @@ export interface ProxyRequest {
   status: number | 'reset' | 'error';
   /** The request's Range header, if any. */
   range?: string;
-  /** A download cut by `cutNextBlobDownloadAt`: the bytes that went through before the reset. */
+  /** A download cut by `cutNextBlobDownloadAt`: the bytes that went through before the cut. */
   cutAfter?: number;
 }
 
@@ -169,8 +169,10 @@ export class RegistryProxy {
         passed += room;
         entry.cutAfter = passed;
         done(null, chunk.subarray(0, room));
+        // A close rather than a reset: the reader sees the same thing, a body that ends before
+        // its Content-Length (the reset path is the proxy's `down('reset')`).
         setImmediate(() => {
-          socket.resetAndDestroy();
+          socket.destroy();
           stopUpstream();
         });
       },

@@ -46,7 +46,9 @@ describe('SPDY exec transport', () => {
 
   before(async () => {
     const base = { stdin: true, stdout: true, stderr: true, tty: false, idleTimeoutMs: 10_000 };
-    server = await startExecServer(dispatch, { ...base, streamCreationTimeoutMs: 300 });
+    // Long enough that a loaded machine still opens the four streams in time (300 ms did not,
+    // once, in a full suite run); the test of the timeout waits it out.
+    server = await startExecServer(dispatch, { ...base, streamCreationTimeoutMs: 1500 });
     ttyServer = await startExecServer(dispatch, { ...base, stderr: false, tty: true });
     idleServer = await startExecServer(dispatch, {
       ...base,
