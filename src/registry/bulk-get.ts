@@ -305,9 +305,8 @@ export function bulkGet(o: BulkGetOptions): Promise<BulkResponse> {
       socket.destroy(new RegistryError('network', `${what}: no data for ${o.idleTimeoutMs} ms`)),
     );
     socket.on('error', (error) => fail(error));
-    // Half-open allowed: Node then never shuts our side down on the server's FIN (a shutdown
-    // request on a socket destroyed in its own read callback was left pending, and a test process
-    // spun in its exit waiting for it); every end of the answer destroys the socket here instead.
+    // Half-open allowed: Node then never shuts our side down on the server's FIN by itself;
+    // every end of the answer destroys the socket here instead.
     socket.on('end', onEnd);
     socket.on('close', () => {
       signal?.removeEventListener('abort', onAbort);
