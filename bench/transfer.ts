@@ -42,6 +42,7 @@
 // VK_BENCH_CHILD_LOG=info it logs its progress every second on stderr.
 // Everything it starts it stops, and its gigabytes (disks, tar files, registry storage, crane
 // layouts) are removed however it ends (bench/lib/harness.ts teardown, the PID registry).
+import { execFileSync } from 'node:child_process';
 import { randomFillSync } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -245,6 +246,10 @@ async function runSize(
       registryMs: cpuTimes(reg.pid).selfMs,
       simMs: serverPid === undefined ? 0 : cpuTimes(serverPid).selfMs,
     });
+    // Every phase starts with no dirty pages: the previous phase's files (crane's layout, the
+    // registry's new blobs, a tar) would otherwise be written back during this one, on the
+    // same disk, and charge it for the last phase's writes.
+    execFileSync('sync');
     const before = others();
     const value = await fn();
     const after = others();
@@ -318,125 +323,145 @@ async function runSize(
         );
         bench.check();
 
-        log('ours: pull');
-        const copy = `bench-copy-${n}`;
-        const pull = await child({
-          op: 'pull',
-          repo,
-          localName: copy,
-          spillDir: bench.dir,
-          concurrency: pullConcurrency,
-        });
-        rows.push(ours('pull', 'ours: pull (pullSnapshot)', pull, payload, 'download + verify + import'));
-        const removed = await sim.run(['snapshot', 'rm', copy]);
-        if (removed.code !== 0) throw new Error(`snapshot rm: ${removed.stderr.trim()}`);
-        bench.check();
-
-        log('ours: fetch');
-        const fetch = await child({ op: 'fetch', repo, concurrency: pullConcurrency });
-        rows.push(
-          ours(
-            'fetch',
-            'ours: fetch',
-            fetch,
-            payload,
-            `fetch + verify every blob as the pull reads it (${pullConcurrency} at once); no ${v2 ? 'unzstd, no ' : ''}tar`,
-          ),
-        );
-        bench.check();
-
-        log('ours: registry pull');
-        const rpull = await child({
-          op: 'pull',
-          repo,
-          localName: `bench-discard-${n}`,
-          spillDir: bench.dir,
-          concurrency: pullConcurrency,
-          discardImport: true,
-        });
-        rows.push(
-          ours(
-            'registry-pull',
-            'ours: registry pull',
-            rpull,
-            payload,
-            `download + verify${v2 ? ' + unzstd' : ''} + tar, ${fmtN((rpull.discardedBytes ?? 0) / MiB, 0)} MiB of tar discarded`,
-          ),
-        );
-        bench.check();
-
         const src = `${reg.hostPort}/bench/${repo}:latest`;
         const layout = bench.removeAtEnd(path.join(bench.dir, `crane-layout-${repo}`));
-        log('crane: pull --format oci');
-        const cpull = await phase(() =>
-          measureChild(o.crane, ['pull', '--insecure', '--format', 'oci', src, layout]),
-        );
-        rows.push({
-          ...base,
-          kind: 'crane-pull',
-          what: `crane pull --format oci ${format}${suffix}`,
-          bytes: payload,
-          ms: cpull.ms,
-          peakKiB: cpull.peakKiB,
-          startKiB: Number.NaN,
-          cpuMs: cpull.cpuMs,
-          registryMs: cpull.registryMs,
-          simMs: 0,
-          note: 'registry ⇒ OCI layout on disk',
-        });
-        bench.check();
+        // Ours and crane take turns at going first (crane in even runs), so that neither always
+        // runs in the same spot: on this VM the registry's CPU for the same 2 GiB upload varied
+        // from 7 to 14 s between identical runs (most of it system time), and with ours always
+        // first, our upload was the dearer in all four 4 GiB runs and the cheaper in all six
+        // 1 GiB runs.
+        const pullSide = async () => {
+          log('ours: pull');
+          const copy = `bench-copy-${n}`;
+          const pull = await child({
+            op: 'pull',
+            repo,
+            localName: copy,
+            spillDir: bench.dir,
+            concurrency: pullConcurrency,
+          });
+          rows.push(ours('pull', 'ours: pull (pullSnapshot)', pull, payload, 'download + verify + import'));
+          const removed = await sim.run(['snapshot', 'rm', copy]);
+          if (removed.code !== 0) throw new Error(`snapshot rm: ${removed.stderr.trim()}`);
+          bench.check();
 
-        log('ours: upload (the layout crane pulled)');
-        const upload = await child({ op: 'upload', repo: `${repo}-up`, layoutDir: layout });
-        rows.push(
-          ours(
-            'upload',
-            'ours: upload',
-            upload,
-            upload.bytes,
-            'OCI layout ⇒ a new repository (uploadBlob, putManifest)',
-          ),
-        );
-        bench.check();
+          log('ours: fetch');
+          const fetch = await child({ op: 'fetch', repo, concurrency: pullConcurrency });
+          rows.push(
+            ours(
+              'fetch',
+              'ours: fetch',
+              fetch,
+              payload,
+              `fetch + verify every blob as the pull reads it (${pullConcurrency} at once); no ${v2 ? 'unzstd, no ' : ''}tar`,
+            ),
+          );
+          bench.check();
 
-        log('ours: registry push (export from the tar file)');
-        const rpush = await child({
-          op: 'push',
-          localName: snapshot,
-          repo: `${repo}-ours`,
-          baseImage: IMAGE,
-          spoolDir: bench.dir,
-          v2,
-          exportFrom: tarFile,
-        });
-        rows.push(
-          ours(
-            'registry-push',
-            'ours: registry push',
-            rpush,
-            rpush.bytes,
-            `tar file ⇒ ${v2 ? 'zstd + ' : ''}hash ⇒ a new repository, ${fmtN((rpush.uploadedBytes ?? 0) / MiB, 0)} MiB uploaded`,
-          ),
-        );
-        bench.check();
+          log('ours: registry pull');
+          const rpull = await child({
+            op: 'pull',
+            repo,
+            localName: `bench-discard-${n}`,
+            spillDir: bench.dir,
+            concurrency: pullConcurrency,
+            discardImport: true,
+          });
+          rows.push(
+            ours(
+              'registry-pull',
+              'ours: registry pull',
+              rpull,
+              payload,
+              `download + verify${v2 ? ' + unzstd' : ''} + tar, ${fmtN((rpull.discardedBytes ?? 0) / MiB, 0)} MiB of tar discarded`,
+            ),
+          );
+          bench.check();
+        };
+        const cranePull = async () => {
+          log('crane: pull --format oci');
+          const cpull = await phase(() =>
+            measureChild(o.crane, ['pull', '--insecure', '--format', 'oci', src, layout]),
+          );
+          rows.push({
+            ...base,
+            kind: 'crane-pull',
+            what: `crane pull --format oci ${format}${suffix}`,
+            bytes: payload,
+            ms: cpull.ms,
+            peakKiB: cpull.peakKiB,
+            startKiB: Number.NaN,
+            cpuMs: cpull.cpuMs,
+            registryMs: cpull.registryMs,
+            simMs: 0,
+            note: 'registry ⇒ OCI layout on disk',
+          });
+          bench.check();
+        };
+        const pushSide = async () => {
+          log('ours: upload (the layout crane pulled)');
+          const upload = await child({ op: 'upload', repo: `${repo}-up`, layoutDir: layout });
+          rows.push(
+            ours(
+              'upload',
+              'ours: upload',
+              upload,
+              upload.bytes,
+              'OCI layout ⇒ a new repository (uploadBlob, putManifest)',
+            ),
+          );
+          bench.check();
 
-        log('crane: push (layout ⇒ another repository)');
-        const cpush = await phase(() =>
-          measureChild(o.crane, ['push', '--insecure', layout, `${reg.hostPort}/bench/${repo}-crane:latest`]),
-        );
-        rows.push({
-          ...base,
-          kind: 'crane-push',
-          what: `crane push (OCI layout) ${format}${suffix}`,
-          bytes: payload,
-          ms: cpush.ms,
-          peakKiB: cpush.peakKiB,
-          startKiB: Number.NaN,
-          cpuMs: cpush.cpuMs,
-          registryMs: cpush.registryMs,
-          simMs: 0,
-          note: 'OCI layout ⇒ a new repository',
-        });
+          log('ours: registry push (export from the tar file)');
+          const rpush = await child({
+            op: 'push',
+            localName: snapshot,
+            repo: `${repo}-ours`,
+            baseImage: IMAGE,
+            spoolDir: bench.dir,
+            v2,
+            exportFrom: tarFile,
+          });
+          rows.push(
+            ours(
+              'registry-push',
+              'ours: registry push',
+              rpush,
+              rpush.bytes,
+              `tar file ⇒ ${v2 ? 'zstd + ' : ''}hash ⇒ a new repository, ${fmtN((rpush.uploadedBytes ?? 0) / MiB, 0)} MiB uploaded`,
+            ),
+          );
+          bench.check();
+        };
+        const cranePush = async () => {
+          log('crane: push (layout ⇒ another repository)');
+          const cpush = await phase(() =>
+            measureChild(o.crane, [
+              'push',
+              '--insecure',
+              layout,
+              `${reg.hostPort}/bench/${repo}-crane:latest`,
+            ]),
+          );
+          rows.push({
+            ...base,
+            kind: 'crane-push',
+            what: `crane push (OCI layout) ${format}${suffix}`,
+            bytes: payload,
+            ms: cpush.ms,
+            peakKiB: cpush.peakKiB,
+            startKiB: Number.NaN,
+            cpuMs: cpush.cpuMs,
+            registryMs: cpush.registryMs,
+            simMs: 0,
+            note: 'OCI layout ⇒ a new repository',
+          });
+        };
+        const order =
+          run % 2 === 0
+            ? [cranePull, pullSide, cranePush, pushSide]
+            : [pullSide, cranePull, pushSide, cranePush];
+        for (const step of order) await step();
         fs.rmSync(layout, { recursive: true, force: true });
         bench.check();
       }

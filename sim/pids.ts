@@ -56,13 +56,16 @@ function nudgeReaper(root: string): void {
   }
 }
 
+/** How long a kill waits for a killed process to die at all (a zombie counts as dead). */
+const DEATH_WAIT_MS = 10_000;
+
 /**
  * Kills tracked process groups that are still the processes we started, and waits (≤ 0.5 s,
- * plus 5 ms per process) until they are reaped, so that the pids are gone when the caller
- * returns, as after cocoon's own kill-and-wait. Forgets the processes; a stand-in's cgroup
- * scope goes with it (sim/cgroup.ts). The reaper is woken every 20 ms meanwhile: it reaps
- * between two reads of its FIFO, and a wake-up that arrives before a child has died would
- * otherwise leave it to its 0.25 s read timeout.
+ * plus 5 ms per process) until they are reaped, or at least dead (≤ 10 s), so that the pids
+ * are gone when the caller returns, as after cocoon's own kill-and-wait. Forgets the
+ * processes; a stand-in's cgroup scope goes with it (sim/cgroup.ts). The reaper is woken
+ * every 20 ms meanwhile: it reaps between two reads of its FIFO, and a wake-up that arrives
+ * before a child has died would otherwise leave it to its 0.25 s read timeout.
  */
 export function killTrackedAll(root: string, pids: readonly number[]): void {
   const live: { pid: number; start: number | undefined }[] = [];
@@ -76,9 +79,16 @@ export function killTrackedAll(root: string, pids: readonly number[]): void {
   }
   for (const p of live) killGroup(p.pid);
   if (live.length > 0) {
-    const deadline = Date.now() + 500 + 5 * live.length;
+    const reaped = Date.now() + 500 + 5 * live.length;
+    const dead = Date.now() + DEATH_WAIT_MS;
     let waiting = live;
-    for (let i = 0; waiting.length > 0 && Date.now() < deadline; i++) {
+    for (let i = 0; waiting.length > 0; i++) {
+      const now = Date.now();
+      // After the reaping bound, a zombie will do; a process not yet dead at all (a loaded
+      // machine had not run the killed stand-in's exit after 0.5 s, and a `vm start` right
+      // after the kill found it alive) is waited for, as cocoon waits for its kill.
+      if (now >= reaped) waiting = waiting.filter((p) => isAlive(p.pid, p.start));
+      if (waiting.length === 0 || now >= dead) break;
       if (i % 4 === 0) nudgeReaper(root);
       sleepSync(5);
       waiting = waiting.filter((p) => procStat(p.pid)?.start === p.start);
