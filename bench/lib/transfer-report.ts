@@ -167,6 +167,11 @@ function groups(rows: readonly Row[]): { size: string; format: Format; run: numb
  */
 export function summaryTable(rows: readonly Row[], runs: number): string {
   const lines: string[][] = [];
+  /** Per snapshot, format and direction, over every run: wall seconds of ours and of crane. */
+  const totals = new Map<
+    string,
+    { size: string; format: Format; direction: string; ours: number; crane: number; bytes: number; n: number }
+  >();
   for (const g of groups(rows)) {
     const find = (kind: RowKind) => g.rows.find((r) => r.kind === kind);
     for (const [direction, oursKind, craneKind] of [
@@ -178,6 +183,20 @@ export function summaryTable(rows: readonly Row[], runs: number): string {
       const ours = find(oursKind);
       const crane = find(craneKind);
       if (!ours || !crane) continue;
+      const key = `${g.size}|${g.format}|${direction}`;
+      const t = totals.get(key) ?? {
+        size: g.size,
+        format: g.format,
+        direction,
+        ours: 0,
+        crane: 0,
+        bytes: ours.bytes,
+        n: 0,
+      };
+      t.ours += ours.ms;
+      t.crane += crane.ms;
+      t.n++;
+      totals.set(key, t);
       lines.push([
         g.size,
         `${g.format}${runs > 1 ? ` #${g.run}` : ''}`,
@@ -187,6 +206,21 @@ export function summaryTable(rows: readonly Row[], runs: number): string {
         `**${fmtN(ours.ms / crane.ms, 2)}**`,
         `${mbps(ours)} / ${mbps(crane)}`,
         `${rss(ours)} / ${rss(crane)}`,
+      ]);
+    }
+  }
+  // Several runs (ours and crane take turns at going first): the sum of each side's walls.
+  if (runs > 1) {
+    for (const t of totals.values()) {
+      lines.push([
+        t.size,
+        `${t.format}, ${t.n} runs`,
+        `${fmtN(t.bytes / MiB, 0)} MiB`,
+        t.direction,
+        `${sec(t.ours)} / ${sec(t.crane)} (sum)`,
+        `**${fmtN(t.ours / t.crane, 2)}**`,
+        '',
+        '',
       ]);
     }
   }
