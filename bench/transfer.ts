@@ -29,8 +29,11 @@
 //     hashing, v2 compression, upload, into a new repository;
 //   - crane: `crane push` of the layout to another new repository (a real upload: blobs from
 //     a layout are not mounted across repositories);
-// and, once per size, the simulator alone: `snapshot export -o -` into /dev/null and `snapshot
-// import` of the tar from the file, what any push or pull through it costs at least.
+// Every phase starts after a `sync`, and ours and crane take turns at going first (in even runs
+// crane pulls before ours and pushes before ours); with VK_BENCH_RUNS > 1 the summary adds the
+// ratio of each side's summed walls. And, once per size, the simulator alone: `snapshot export
+// -o -` into /dev/null and `snapshot import` of the tar from the file, what any push or pull
+// through it costs at least.
 // MB/s is payload bytes (the layers and config as stored in the registry: compressed under v2)
 // over wall time. Ours runs in a process of its own (bench/transfer-child.ts, with the daemon's
 // V8 flags --max-semi-space-size=2 --no-opt --no-maglev --optimize-for-size): its peak RSS is

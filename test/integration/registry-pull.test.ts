@@ -1083,6 +1083,105 @@ describe('fake registry (fault injection)', () => {
     }
   });
 
+  it("Google ADC from a key file (external_account): the token exchange goes to the key's token_url, a loopback fake, with the subject token read from its file; an expiring token is exchanged again", async () => {
+    // A workload-identity-federation key: google-auth-library honours its token_url (a
+    // service-account key's exchange goes to a fixed https://oauth2.googleapis.com/token,
+    // docs/registry.md "Authentication"). Nothing here may reach Google or a metadata server.
+    const exchanges: URLSearchParams[] = [];
+    const other: string[] = [];
+    let expiresIn = 3600;
+    const sts = http.createServer((req, res) => {
+      let body = '';
+      req.on('data', (c: Buffer) => {
+        body += c.toString();
+      });
+      req.on('end', () => {
+        if (req.method !== 'POST' || req.url !== '/v1/token') {
+          other.push(`${req.method} ${req.url}`);
+          return void res.writeHead(404).end();
+        }
+        exchanges.push(new URLSearchParams(body));
+        res.writeHead(200, { 'content-type': 'application/json' }).end(
+          JSON.stringify({
+            access_token: `ya29.sts-${exchanges.length}`,
+            issued_token_type: 'urn:ietf:params:oauth:token-type:access_token',
+            token_type: 'Bearer',
+            expires_in: expiresIn,
+          }),
+        );
+      });
+    });
+    await new Promise<void>((r) => sts.listen(0, '127.0.0.1', r));
+    const port = (sts.address() as { port: number }).port;
+    const keyDir = fs.mkdtempSync(path.join(os.tmpdir(), 'vk-adc-ext-'));
+    const subject = path.join(keyDir, 'subject-token');
+    const keyFile = path.join(keyDir, 'key.json');
+    const audience = '//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/p/providers/q';
+    fs.writeFileSync(subject, 'subject-1');
+    fs.writeFileSync(
+      keyFile,
+      JSON.stringify({
+        type: 'external_account',
+        audience,
+        subject_token_type: 'urn:ietf:params:oauth:token-type:jwt',
+        token_url: `http://127.0.0.1:${port}/v1/token`,
+        credential_source: { file: subject },
+      }),
+    );
+    const saved = { ...process.env };
+    process.env.GOOGLE_APPLICATION_CREDENTIALS = keyFile;
+    process.env.GCE_METADATA_HOST = `127.0.0.1:${port}`; // answered 404 and counted, were it asked
+    process.env.GCE_METADATA_IP = `127.0.0.1:${port}`;
+    process.env.HOME = keyDir;
+    const client = new RegistryClient({ base: `${fake.host}/cocoon`, googleAdc: 'true' });
+    try {
+      fresh();
+      fake.auth = 'basic';
+      fake.add('cocoon/x', 'v1', buildArtifact());
+      fs.rmSync(path.join(dockerDir, 'config.json'), { force: true });
+      fake.basic = { username: 'oauth2accesstoken', password: 'ya29.sts-1' };
+      assert.notEqual(await client.headManifest('cocoon/x', parseReference('v1')), 'absent');
+      assert.equal(exchanges.length, 1);
+      assert.equal(exchanges[0]?.get('grant_type'), 'urn:ietf:params:oauth:grant-type:token-exchange');
+      assert.equal(exchanges[0]?.get('subject_token'), 'subject-1', 'the subject token, from its file');
+      assert.equal(exchanges[0]?.get('audience'), audience);
+      assert.equal(exchanges[0]?.get('scope'), 'https://www.googleapis.com/auth/cloud-platform');
+      // Valid for an hour: the library's cached token serves the next request.
+      assert.notEqual(await client.headManifest('cocoon/x', parseReference('v1')), 'absent');
+      assert.equal(exchanges.length, 1, 'a cached token, no second exchange');
+
+      // A second client (a library instance of its own) gets a token valid for 60 s, inside the
+      // library's 5-minute refresh margin: its next request exchanges again, each time with the
+      // subject token the file holds then (rotated by whatever writes it).
+      expiresIn = 60;
+      fake.basic = { username: 'oauth2accesstoken', password: 'ya29.sts-2' }; // ya29.sts-1 now refused
+      fs.writeFileSync(subject, 'subject-2');
+      const second = new RegistryClient({ base: `${fake.host}/cocoon`, googleAdc: 'true' });
+      try {
+        assert.notEqual(await second.headManifest('cocoon/x', parseReference('v1')), 'absent');
+        assert.equal(exchanges.length, 2);
+        fake.basic = { username: 'oauth2accesstoken', password: 'ya29.sts-3' };
+        fs.writeFileSync(subject, 'subject-3');
+        assert.notEqual(await second.headManifest('cocoon/x', parseReference('v1')), 'absent');
+        assert.equal(exchanges.length, 3, 'the expiring token was not reused');
+        assert.deepEqual(
+          exchanges.map((e) => e.get('subject_token')),
+          ['subject-1', 'subject-2', 'subject-3'],
+        );
+      } finally {
+        second.close();
+      }
+      assert.deepEqual(other, [], 'no metadata server or other endpoint asked');
+    } finally {
+      client.close();
+      for (const k of Object.keys(process.env)) if (!(k in saved)) delete process.env[k];
+      Object.assign(process.env, saved);
+      fake.basic = { username: 'puller', password: 'pw' };
+      await new Promise((r) => sts.close(r));
+      fs.rmSync(keyDir, { recursive: true, force: true });
+    }
+  });
+
   it('an expired token is fetched again', async () => {
     fresh();
     fake.auth = 'bearer';
