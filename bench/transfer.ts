@@ -329,10 +329,10 @@ async function runSize(
         const src = `${reg.hostPort}/bench/${repo}:latest`;
         const layout = bench.removeAtEnd(path.join(bench.dir, `crane-layout-${repo}`));
         // Ours and crane take turns at going first (crane in even runs), so that neither always
-        // runs in the same spot: on this VM the registry's CPU for the same 2 GiB upload varied
-        // from 7 to 14 s between identical runs (most of it system time), and with ours always
-        // first, our upload was the dearer in all four 4 GiB runs and the cheaper in all six
-        // 1 GiB runs.
+        // runs in the same spot: the registry's CPU for the same upload varies widely between
+        // runs on the bench's VM (mostly system time), and with ours always first our upload was
+        // the dearer in every 4 GiB comparison and the cheaper in every 1 GiB one
+        // (docs/benchmarks.md "Order").
         const pullSide = async () => {
           log('ours: pull');
           const copy = `bench-copy-${n}`;
