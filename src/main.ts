@@ -4,6 +4,7 @@
 // taking work, close listeners, abort background jobs and exit 0; nothing is written to
 // pods on shutdown (the next process re-derives everything).
 import { readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { LEDGER_FILE, Ledger } from './authority/ledger.ts';
 import { runExplain, withExplainUsage } from './cli/explain/command.ts';
@@ -34,6 +35,7 @@ import { CocoonProvider } from './provider/cocoon/provider.ts';
 import { registryFromConfig } from './registry/client.ts';
 import { RunImageImporter } from './registry/image-import.ts';
 import { SnapshotPuller } from './registry/snapshot-puller.ts';
+import { sweepStaleSpoolDirs } from './registry/spool-dirs.ts';
 import { RegistrySnapshotStore } from './registry/store.ts';
 import { attachSampler } from './stats/collect.ts';
 import { statsRoutes } from './stats/routes.ts';
@@ -140,6 +142,9 @@ async function main(argv: string[]): Promise<number> {
   kube.onWrite = () => apiWrites.inc();
   const events = new EventRecorder(kube, config.nodeName, log);
   const registry = registryFromConfig(config, log);
+  // A push's spool or a pull's spill left by a daemon killed in the middle of one
+  // (src/registry/spool-dirs.ts): removed before any transfer of this one starts.
+  await sweepStaleSpoolDirs(tmpdir(), log);
   // Clone-source pulls and wake pulls count in the same pull metrics.
   const onPullDone = (result: 'ok' | 'failed', seconds: number) => {
     metrics.snapshotPull.inc({ result });

@@ -37,6 +37,7 @@ import { EntryBodyError, entryBody } from './entry-body.ts';
 import { planTarEntries, type TarLayerEntry } from './import-plan.ts';
 import { DEFAULT_READ_AHEAD_WINDOW_BYTES, ReadAhead } from './read-ahead.ts';
 import { parseReference, type Reference } from './reference.ts';
+import { spoolPrefix } from './spool-dirs.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
 
 /** Re-exported for the provider modules that still import it from here (src/provider/cocoon:
@@ -175,7 +176,7 @@ export async function pullSnapshot(opts: PullSnapshotOptions): Promise<SnapshotR
   let spillDir: Promise<string> | undefined;
   let spillSeq = 0;
   const spillFile = async (): Promise<string> => {
-    spillDir ??= mkdtemp(join(opts.spillDir ?? tmpdir(), 'vk-pull-'));
+    spillDir ??= mkdtemp(join(opts.spillDir ?? tmpdir(), spoolPrefix('pull')));
     return join(await spillDir, String(spillSeq++));
   };
   const readAhead = new ReadAhead({

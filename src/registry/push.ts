@@ -45,6 +45,7 @@ import { RegistryError } from './errors.ts';
 import { exportLayers, type SpooledLayer } from './push-export.ts';
 import { LayerUploader, PushProgress } from './push-upload.ts';
 import { parseReference, type Reference } from './reference.ts';
+import { spoolPrefix } from './spool-dirs.ts';
 import { describeCause, MiB, rate } from './transfer.ts';
 import { isV2, SpoolBudget, type V2Format } from './v2-write.ts';
 
@@ -152,10 +153,12 @@ export async function pushSnapshot(opts: PushSnapshotOptions): Promise<PushResul
     opts.progressIntervalMs ?? 5000,
   );
   timer.unref();
-  const spool = await mkdtemp(join(opts.spoolDir ?? tmpdir(), 'vk-push-')).catch((error: unknown) => {
-    clearInterval(timer);
-    throw fail('export', `spool directory: ${(error as Error).message}`, error);
-  });
+  const spool = await mkdtemp(join(opts.spoolDir ?? tmpdir(), spoolPrefix('push'))).catch(
+    (error: unknown) => {
+      clearInterval(timer);
+      throw fail('export', `spool directory: ${(error as Error).message}`, error);
+    },
+  );
   log.info({ spool }, 'snapshot push: exporting');
   try {
     // 1–3. Export, spool, upload the layers.

@@ -5,7 +5,8 @@
 // registry directly), and the cocoon simulator's faults and latency knobs. Each pod has a VM
 // name of its own, so the tests of this file share one world and one daemon.
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -467,13 +468,19 @@ test('SIGKILL during the push: the restart hibernates again from the running VM'
     20_000,
     50,
   );
+  const killedPid = w.daemon.pid;
+  // The push's spool, named after the daemon (src/registry/spool-dirs.ts).
+  const spools = () => readdirSync(tmpdir()).filter((n) => n.startsWith(`vk-push-${killedPid}-`));
+  await waitFor('the push spool', () => spools().length === 1, 20_000, 50);
   await kill();
   const mid = await read(name);
   assert.equal(lifecycle(mid), 'hibernating');
   assert.equal(vmIdOf(mid), vmIdOf(ready));
   assert.equal((await simVmRecord(w, vmName))?.state, 'running');
   assert.equal(await tagStatus(vmName), 404, 'no manifest yet');
+  assert.equal(spools().length, 1, 'the killed push left its spool');
   await w.restart(env);
+  assert.deepEqual(spools(), [], 'the restarted daemon removed it at its start');
   await assertHibernated(await waitState(name, 'hibernated', 90_000), vmName);
 });
 
