@@ -11,6 +11,7 @@ import { readFileSync } from 'node:fs';
 import { lstat, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from '../log.ts';
+import { pidStatFields } from '../util/proc-stat.ts';
 
 export type SpoolKind = 'push' | 'pull';
 
@@ -22,9 +23,7 @@ export interface SpoolOwner {
 
 /** The start time (field 22) of a /proc/<pid>/stat text; undefined when it does not parse. */
 export function statStartTime(stat: string): number | undefined {
-  // The command (field 2) is parenthesised and may hold spaces and parentheses.
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-  const start = Number(fields[19]);
+  const start = Number(pidStatFields(stat)[19] ?? Number.NaN);
   return Number.isSafeInteger(start) && start >= 0 ? start : undefined;
 }
 

@@ -1,5 +1,6 @@
 // Pure parsers of the kernel files the stats sampler reads. Malformed or missing fields yield 0;
 // nothing here throws.
+import { pidStatFields } from '../util/proc-stat.ts';
 
 /** `USER_HZ`: the unit of /proc/stat and /proc/<pid>/stat times; 100 on every Linux ABI we run on. */
 export const USER_HZ = 100;
@@ -57,13 +58,8 @@ export function parseStatmRss(text: string, pageSize = PAGE_SIZE): number {
  * last `)`.
  */
 export function parsePidStatCpuUsec(text: string): number {
-  const close = text.lastIndexOf(')');
-  if (close < 0) return 0;
-  const f = text
-    .slice(close + 1)
-    .trim()
-    .split(/\s+/);
-  // f[0] is field 3 (state); field n is f[n - 3].
+  const f = pidStatFields(text);
+  if (f.length === 0) return 0;
   const ticks = num(f[11]) + num(f[12]) + num(f[13]) + num(f[14]);
   return Math.round((ticks * 1e6) / USER_HZ);
 }

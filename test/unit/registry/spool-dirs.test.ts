@@ -102,6 +102,17 @@ describe('sweepStaleSpoolDirs', () => {
     );
   });
 
+  it("another user's directory, its daemon gone: kept", {
+    skip: process.getuid?.() !== 0 && 'needs root to chown',
+  }, async () => {
+    const own = ownSpoolOwner();
+    const name = `vk-push-${own.pid}-${own.start + 11}-hhhhhh`;
+    fs.mkdirSync(path.join(dir, name));
+    fs.chownSync(path.join(dir, name), 65534, 65534);
+    assert.deepEqual(await sweepStaleSpoolDirs(dir, silentLogger), []);
+    assert.ok(fs.existsSync(path.join(dir, name)));
+  });
+
   it('a directory it cannot list: nothing removed, no throw', async () => {
     assert.deepEqual(await sweepStaleSpoolDirs(path.join(dir, 'missing'), silentLogger), []);
   });
