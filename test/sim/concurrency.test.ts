@@ -103,10 +103,17 @@ describe('simulator concurrency and crash safety', { concurrency: 1 }, () => {
     const list = await sim.run(['vm', 'list', '-o', 'json']);
     assert.equal(list.code, 0);
     assert.ok(Array.isArray(JSON.parse(list.stdout)));
-    // Debris is collectable: every placeholder left by a killed clone is reconciled.
+    // Debris is collectable: every placeholder left by a killed clone is reconciled. A clone
+    // whose last wait ended before the root's server saw its client die still finishes, as if
+    // the kill came a moment later (docs/simulator.md "Killed callers"; more likely while a
+    // `vm rm` holds the server's loop waiting for a slow kill): then it is a running VM.
     for (const vm of Object.values(db.vms).filter((v) => v.state === 'creating')) {
       const r = await sim.run(['vm', 'reconcile-stale-create', vm.id, '-o', 'json']);
-      assert.equal(JSON.parse(r.stdout).outcome, 'collected');
+      const outcome = JSON.parse(r.stdout).outcome;
+      if (outcome === 'not-creating') {
+        const now = await sim.json<VmRecord>(['vm', 'inspect', vm.id]);
+        assert.equal(now.state, 'running', `${vm.id} left creating for ${now.state}`);
+      } else assert.equal(outcome, 'collected');
     }
     assertConsistent(sim);
   });
